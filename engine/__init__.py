@@ -1,0 +1,60 @@
+"""kvtrim's engine: long documents in a bounded llama.cpp KV cache.
+
+No Qt here: the command line, the tests and the GUI all drive this API.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    Cancelled,
+    ConfigError,
+    ContextOverflowError,
+    DocumentError,
+    EngineError,
+    KvtrimError,
+    ModelError,
+    OutOfMemoryError,
+)
+from .model import Model, ModelInfo, default_model_path
+from .policies import H2O, POLICIES, TOVA, Full, Policy, SnapKV, StreamingLLM, make_policy
+from .prompts import Prompt, ask_prompt, summary_prompt
+from .runtime import Engine
+from .sampling import Sampling
+from .session import Session, SessionConfig
+from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
+
+__all__ = [
+    "H2O",
+    "POLICIES",
+    "TOVA",
+    "Cancelled",
+    "ConfigError",
+    "ContextOverflowError",
+    "DocumentError",
+    "Done",
+    "Engine",
+    "EngineError",
+    "Event",
+    "Evicted",
+    "Full",
+    "KVStats",
+    "KvtrimError",
+    "Model",
+    "ModelError",
+    "ModelInfo",
+    "OutOfMemoryError",
+    "Policy",
+    "Progress",
+    "Prompt",
+    "Result",
+    "Sampling",
+    "Session",
+    "SessionConfig",
+    "SnapKV",
+    "StreamingLLM",
+    "Token",
+    "ask_prompt",
+    "default_model_path",
+    "make_policy",
+    "summary_prompt",
+]

@@ -1,0 +1,267 @@
+"""The ``kvtrim`` command: ask about or summarize a document in bounded memory.
+
+kvtrim ask notes.txt --question "What is the pass key?" --policy snapkv --budget 1024
+kvtrim summarize notes.txt --json
+kvtrim info
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from .documents import load_document
+from .errors import Cancelled, KvtrimError
+from .monitor import MemoryMonitor
+from .policies import POLICIES
+from .runtime import Engine
+from .sampling import Sampling
+from .session import Session
+from .stats import Done, Evicted, Progress, Token
+
+_MB = 1024 * 1024
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a text document (.txt, .md, ...) of any length")
+    p.add_argument(
+        "--policy",
+        choices=list(POLICIES),
+        default="snapkv",
+        help="eviction policy (default: snapkv)",
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="KV cells kept after each eviction (default: 1024)",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens read between evictions (default: budget/4)",
+    )
+    p.add_argument(
+        "--no-question-aware",
+        action="store_true",
+        help="score with the document's own attention, not the question's",
+    )
+    p.add_argument(
+        "--positions",
+        choices=["compact", "original"],
+        default="compact",
+        help="renumber kept tokens after eviction (compact, default) or keep the "
+        "positions they were read at (original, as in the papers)",
+    )
+    p.add_argument(
+        "--answer-prefix",
+        default="",
+        metavar="TEXT",
+        help="text the answer starts with (helps base models: 'The pass key is')",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="a GGUF model (default: the embedded Gemma 3 270M)",
+    )
+    p.add_argument(
+        "--gpu-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="layers to offload to the GPU (needs a CUDA build of llama-cpp-python)",
+    )
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop string (repeatable; default: the prompt's own)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvtrim", description="Long documents in a bounded KV cache (H2O, SnapKV, TOVA, ...)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="answer a question about a document")
+    _common(ask)
+    ask.add_argument("--question", "-q", required=True)
+    summ = sub.add_parser("summarize", help="summarize a document")
+    _common(summ)
+    info = sub.add_parser("info", help="show the model and the memory monitor")
+    info.add_argument("--model", default=None, metavar="PATH")
+    info.add_argument("--gpu-layers", type=int, default=0, metavar="N")
+    return parser
+
+
+def _summary_line(result: dict[str, Any]) -> str:
+    return (
+        f"[{result['policy']} budget={result['budget_tokens']}] "
+        f"{result['prompt_tokens']} prompt tokens, peak {result['kv_cells_peak']} cells, "
+        f"KV {result['kv_bytes_peak'] / _MB:.1f} MB vs {result['kv_bytes_full'] / _MB:.1f} MB full "
+        f"({result['kv_ratio']:.3f}), evicted {result['evicted_tokens']}, "
+        f"prefill {result['prefill_tokens_per_s']:.0f} tok/s, "
+        f"decode {result['decode_tokens_per_s']:.1f} tok/s"
+    )
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    text = load_document(args.file)
+    sampling = Sampling(args.temperature, args.top_p, args.seed)
+    monitor = MemoryMonitor()
+    with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
+        session = engine.session(
+            args.policy,
+            args.budget,
+            chunk_tokens=args.chunk,
+            question_aware=not args.no_question_aware,
+            positions=args.positions,
+        )
+        with session:
+            _install_sigint(session)
+            gen = dict(max_tokens=args.max_tokens, sampling=sampling, stops=args.stop)
+            if args.command == "ask":
+                events = session.ask(text, args.question, answer_prefix=args.answer_prefix, **gen)
+                if not args.json and args.answer_prefix:
+                    out.write(args.answer_prefix.strip())
+            else:
+                events = session.summarize(text, **gen)
+            show_progress = not args.json and err.isatty()
+            done: Done | None = None
+            for event in events:
+                if isinstance(event, (Progress, Evicted)):
+                    monitor.sample()
+                if isinstance(event, Progress) and show_progress:
+                    err.write(
+                        f"\rreading {event.done}/{event.total} tokens, "
+                        f"{event.stats.evicted_tokens} evicted"
+                    )
+                    err.flush()
+                elif isinstance(event, Token) and not args.json:
+                    if show_progress and event.stats.generated_tokens == 1:
+                        err.write("\r\033[K")
+                    out.write(event.text)
+                    out.flush()
+                elif isinstance(event, Done):
+                    done = event
+            monitor.sample()
+    monitor.close()
+    assert done is not None
+    s = done.stats
+    result = {
+        "answer": " ".join(
+            t for t in (getattr(args, "answer_prefix", "").strip(), done.text.strip()) if t
+        ),
+        "policy": s.policy,
+        "budget_tokens": s.budget_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+        "kv_cells_peak": s.cells_peak,
+        "kv_cells_allocated": s.n_ctx,
+        "kv_bytes_peak": s.kv_bytes,
+        "kv_bytes_full": s.kv_bytes_full,
+        "kv_ratio": s.kv_bytes / s.kv_bytes_full if s.kv_bytes_full else 0.0,
+        "evicted_tokens": s.evicted_tokens,
+        "evictions": s.evictions,
+        "prefill_tokens_per_s": s.prefill_tokens_per_s,
+        "decode_tokens_per_s": s.decode_tokens_per_s,
+        "first_token_s": s.first_token_s,
+        "prefill_s": s.prefill_s,
+        "decode_s": s.decode_s,
+        "capture_s": s.capture_s,
+        "score_s": s.score_s,
+        "finish_reason": done.reason,
+        "rss_peak_bytes": monitor.rss_peak_bytes,
+        "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.gpu_note is None else None,
+        "gpu": monitor.gpu_note or "NVIDIA GPU",
+        "model": engine.model_name,
+    }
+    if args.json:
+        out.write(json.dumps(result) + "\n")
+    else:
+        out.write("\n")
+        out.flush()
+        err.write(_summary_line(result) + "\n")
+    return 0
+
+
+def _info(args: argparse.Namespace, out: TextIO) -> int:
+    monitor = MemoryMonitor()
+    with Engine(args.model, n_gpu_layers=args.gpu_layers) as engine:
+        info = engine.model.info
+        sample = monitor.sample()
+        out.write(f"model: {info.name} ({info.arch}) {info.path}\n")
+        out.write(
+            f"layers: {info.n_layer}, heads: {info.n_head} (KV {info.n_head_kv}), "
+            f"trained context: {info.n_ctx_train}, sliding window: {info.n_swa or 'none'}\n"
+        )
+        out.write(f"global layers scored: {list(info.global_layers)}\n")
+        out.write(f"KV per token: {info.kv_bytes_per_cell() / 1024:.1f} KiB (f16)\n")
+        out.write(f"process RSS: {sample.rss_bytes / _MB:.0f} MB\n")
+        if sample.gpus:
+            for g in sample.gpus:
+                out.write(
+                    f"GPU {g.index} {g.name}: {g.used_bytes / _MB:.0f} / "
+                    f"{g.total_bytes / _MB:.0f} MB\n"
+                )
+        else:
+            out.write(f"GPU: {sample.gpu_note}\n")
+    monitor.close()
+    return 0
+
+
+def _install_sigint(session: Session) -> None:
+    """First Ctrl+C cancels the run cleanly; the default handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(_sig: int, _frame: object) -> None:
+        session.cancel()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if getattr(args, "verbose", False):
+        logging.getLogger("kvtrim.llama").setLevel(logging.INFO)
+    try:
+        return _info(args, out) if args.command == "info" else _run(args, out, err)
+    except Cancelled:
+        err.write("\nkvtrim: cancelled\n")
+        return 130
+    except KvtrimError as exc:
+        err.write(f"kvtrim: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        err.write("\nkvtrim: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Errors a user can hit, each with a one-line message that names the problem."""
+
+from __future__ import annotations
+
+
+class KvtrimError(Exception):
+    """Base class: the message is meant to be shown to a user as it is."""
+
+
+class ModelError(KvtrimError):
+    """The model file is missing, empty, truncated or not a GGUF llama.cpp can load."""
+
+
+class DocumentError(KvtrimError):
+    """The document cannot be read as text (missing, binary, undecodable, empty)."""
+
+
+class ConfigError(KvtrimError):
+    """A budget, chunk size or policy setting that cannot work."""
+
+
+class ContextOverflowError(KvtrimError):
+    """The input does not fit the cache and the policy does not evict (``full``)."""
+
+
+class OutOfMemoryError(KvtrimError):
+    """llama.cpp could not allocate the cache or compute buffers."""
+
+
+class Cancelled(KvtrimError):
+    """The run was cancelled; the session stays usable."""
+
+
+class EngineError(KvtrimError):
+    """llama.cpp returned an error the engine did not expect."""

@@ -1,0 +1,92 @@
+"""Bookkeeping of what sequence 0 of the cache holds, and the only place that
+turns "tokens to keep" into ``seq_rm`` / ``seq_shift`` calls.
+
+Three numberings meet here. A token's *id* is its index in the stream the
+session has fed (prompt and generated tokens, never reused); policies see ids,
+so their state survives compaction. Its *llama position* is what RoPE sees;
+ids and llama positions are equal until positions are compacted to stay inside
+the trained context. Its *cell* is where llama.cpp stored it (see cells.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._context import NativeContext
+from .cells import CellMap
+
+
+def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive integers as half-open ``(start, stop)``."""
+    if len(sorted_values) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(sorted_values) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(sorted_values)]))
+    pairs = zip(starts, stops, strict=True)
+    return [(int(sorted_values[a]), int(sorted_values[b - 1]) + 1) for a, b in pairs]
+
+
+class KVCache:
+    """Ids, llama positions and cells of the tokens held for one sequence."""
+
+    def __init__(self, ctx: NativeContext, *, track_cells: bool) -> None:
+        self.ctx = ctx
+        self.cells = CellMap(ctx.n_ctx) if track_cells else None
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.lpos = np.zeros(0, dtype=np.int64)
+        self.next_id = 0
+        self.next_lpos = 0
+        self.evicted = 0
+        self.compactions = 0
+
+    @property
+    def n_used(self) -> int:
+        return len(self.ids)
+
+    def appended(self, n: int) -> None:
+        """Record ``n`` tokens just decoded at ``next_lpos...``."""
+        new_ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        new_lpos = np.arange(self.next_lpos, self.next_lpos + n, dtype=np.int64)
+        self.ids = np.concatenate((self.ids, new_ids))
+        self.lpos = np.concatenate((self.lpos, new_lpos))
+        self.next_id += n
+        self.next_lpos += n
+
+    def drop_scratch(self) -> None:
+        """Remove anything decoded past the stream (an observation window)."""
+        self.ctx.seq_rm(self.next_lpos, -1)
+        if self.cells is not None:
+            self.cells.remove(self.next_lpos, np.iinfo(np.int32).max)
+
+    def keep_only(self, keep_ids: np.ndarray) -> int:
+        """Remove every held token whose id is not in ``keep_ids``; return how many."""
+        mask = np.isin(self.ids, keep_ids, assume_unique=True)
+        gone = self.lpos[~mask]
+        for p0, p1 in _runs(gone):
+            self.ctx.seq_rm(p0, p1)
+            if self.cells is not None:
+                self.cells.remove(p0, p1)
+        self.ids = self.ids[mask]
+        self.lpos = self.lpos[mask]
+        self.evicted += len(gone)
+        return len(gone)
+
+    def compact(self) -> None:
+        """Shift held positions down to 0..n-1, closing the holes (``seq_shift``)."""
+        target = np.arange(len(self.lpos), dtype=np.int64)
+        for p0, p1 in _runs(self.lpos):
+            i = int(np.searchsorted(self.lpos, p0))
+            delta = int(target[i] - p0)
+            if delta:
+                self.ctx.seq_shift(p0, p1, delta)
+                if self.cells is not None:
+                    self.cells.shift(p0, p1, delta)
+        self.lpos = target
+        self.next_lpos = len(target)
+        self.compactions += 1
+
+    def cell_columns(self) -> np.ndarray:
+        """Cell of each held token, in id order (needs cell tracking)."""
+        assert self.cells is not None
+        return self.cells.columns(self.lpos)

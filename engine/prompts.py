@@ -1,0 +1,97 @@
+"""Prompts for asking about and summarizing a document.
+
+Instruction-tuned models get their own chat template (from the GGUF); base
+models get a plain completion prompt. A prompt is split around the document so
+the session can stream the document in chunks and knows the question's tokens,
+which serve as the observation window of question-aware eviction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .model import Model
+
+_DOC = "\x00KVTRIM_DOCUMENT\x00"
+
+SUMMARY_INSTRUCTION = "Summarize the document above in a few sentences."
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """``prefix`` + ``document`` + ``suffix``; ``suffix`` is also the question window."""
+
+    prefix: str
+    document: str
+    suffix: str
+    stops: tuple[str, ...]
+    add_bos: bool
+
+
+def _render_chat(template: str, model: Model, user: str) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    native = model.native
+    return env.from_string(template).render(
+        messages=[{"role": "user", "content": user}],
+        add_generation_prompt=True,
+        bos_token=native.token_get_text(native.token_bos()),
+        eos_token=native.token_get_text(native.token_eos()),
+        raise_exception=raise_exception,
+    )
+
+
+def _split(
+    model: Model,
+    user_before: str,
+    user_after: str,
+    plain: tuple[str, str, tuple[str, ...]],
+    document: str,
+) -> Prompt:
+    template = model.info.chat_template
+    if template:
+        rendered = _render_chat(template, model, f"{user_before}{_DOC}{user_after}")
+        prefix, _, suffix = rendered.partition(_DOC)
+        bos_text = model.native.token_get_text(model.native.token_bos())
+        add_bos = model.add_bos and not prefix.startswith(bos_text)
+        return Prompt(prefix, document, suffix, (), add_bos)
+    prefix, suffix, stops = plain
+    return Prompt(prefix, document, suffix, stops, model.add_bos)
+
+
+def ask_prompt(model: Model, document: str, question: str, answer_prefix: str = "") -> Prompt:
+    """A question about a document; the answer follows the prompt.
+
+    ``answer_prefix`` starts the answer ("The pass key is"), which steers base
+    models that would otherwise answer in general terms.
+    """
+    question = question.strip()
+    cue = f" {answer_prefix.strip()}" if answer_prefix.strip() else ""
+    prompt = _split(
+        model,
+        "Read the document and answer the question after it.\n\n<document>\n",
+        f"\n</document>\n\nQuestion: {question}",
+        (
+            "",
+            f"\n\nAnswer the question using the text above.\nQuestion: {question}\nAnswer:",
+            ("\n\n", "\nQuestion:"),
+        ),
+        document,
+    )
+    return replace(prompt, suffix=prompt.suffix + cue)
+
+
+def summary_prompt(model: Model, document: str, instruction: str = SUMMARY_INSTRUCTION) -> Prompt:
+    """A summary of a document."""
+    return _split(
+        model,
+        "<document>\n",
+        f"\n</document>\n\n{instruction}",
+        ("", "\n\nIn summary,", ("\n\n",)),
+        document,
+    )

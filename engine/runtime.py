@@ -1,0 +1,66 @@
+"""The friendly entry point: a loaded model that opens sessions.
+
+>>> from engine import Engine
+>>> with Engine() as eng, eng.session("snapkv", budget_tokens=1024) as s:
+...     result = s.collect(s.ask(open("notes.txt").read(), "What is the pass key?"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .model import Model
+from .policies import Policy, make_policy
+from .session import Session, SessionConfig
+
+
+class Engine:
+    """Owns the model; sessions (one per policy and budget) share it."""
+
+    def __init__(
+        self,
+        model_path: Path | str | None = None,
+        *,
+        n_gpu_layers: int = 0,
+        n_threads: int | None = None,
+    ) -> None:
+        self.model = Model(model_path, n_gpu_layers=n_gpu_layers)
+        self.n_threads = n_threads
+
+    @property
+    def model_name(self) -> str:
+        return self.model.info.name
+
+    def session(
+        self,
+        policy: str | Policy = "snapkv",
+        budget_tokens: int = 1024,
+        *,
+        chunk_tokens: int | None = None,
+        question_aware: bool = True,
+        positions: str = "compact",
+        max_position: int | None = None,
+        **policy_settings: Any,
+    ) -> Session:
+        """A new session with its own cache; the model is not reloaded."""
+        if isinstance(policy, str):
+            policy = make_policy(policy, **policy_settings)
+        config = SessionConfig(
+            budget_tokens=budget_tokens,
+            chunk_tokens=chunk_tokens,
+            question_aware=question_aware,
+            positions=positions,
+            max_position=max_position,
+            n_threads=self.n_threads,
+        )
+        return Session(self.model, policy, config)
+
+    def close(self) -> None:
+        self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

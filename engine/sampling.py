@@ -1,0 +1,84 @@
+"""Choosing the next token from logits: greedy, or temperature + top-p with a seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``temperature`` 0 is greedy; otherwise softmax(logits / T) cut to ``top_p``."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p must be in (0, 1]")
+
+
+class Sampler:
+    """Draws tokens according to a ``Sampling``; one per generation."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        s = self.sampling
+        if s.temperature == 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / s.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if s.top_p < 1:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            cut = int(np.searchsorted(cum, s.top_p)) + 1
+            keep = order[:cut]
+            q = p[keep] / p[keep].sum()
+            return int(keep[self._rng.choice(len(keep), p=q)])
+        return int(self._rng.choice(len(p), p=p))
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.text = ""
+        self._sent = 0
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Add ``piece``; return (text safe to emit now, whether a stop was hit)."""
+        self.text += piece
+        for stop in self.stops:
+            at = self.text.find(stop, max(0, self._sent - len(stop)))
+            if at >= 0:
+                self.text = self.text[:at]
+                out = self.text[self._sent :]
+                self._sent = len(self.text)
+                return out, True
+        hold = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(stop[:k]):
+                    hold = max(hold, k)
+                    break
+        upto = len(self.text) - hold
+        out = self.text[self._sent : upto] if upto > self._sent else ""
+        self._sent = max(self._sent, upto)
+        return out, False
+
+    def flush(self) -> str:
+        out = self.text[self._sent :]
+        self._sent = len(self.text)
+        return out

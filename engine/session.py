@@ -1,0 +1,342 @@
+"""A session: a bounded KV cache that reads text of any length and generates.
+
+The cache holds ``n_ctx = budget + chunk`` cells. Text is decoded in chunks;
+before a chunk would overflow the cache, the policy scores the held tokens and
+the cache is trimmed back to ``budget`` tokens. With a known question
+(question-aware mode) the question's tokens are decoded after the held text at
+each trim, their attention is the observation window, and they are removed
+again. Work is reported as events (see stats.py) from generators.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._context import NativeContext
+from .capture import AttentionCapture
+from .errors import Cancelled, ConfigError, ContextOverflowError
+from .kvcache import KVCache
+from .model import Model
+from .policies import Observation, Policy
+from .prompts import Prompt, ask_prompt, summary_prompt
+from .sampling import Sampler, Sampling, StopMatcher
+from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
+
+MIN_CHUNK = 16
+POSITION_MODES = ("compact", "original")
+"""After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
+as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
+positions the tokens were read at (the H2O/SnapKV papers) and compacts only
+before passing the trained context."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Sizes in tokens (= KV cells). ``chunk_tokens`` defaults to budget / 4.
+
+    ``positions``: see ``POSITION_MODES``. Compact is the default because on the
+    default model it decides whether a kept fact is found at all (a 9K-token
+    passkey document, budget 1024: found with compact, missed with original).
+    """
+
+    budget_tokens: int = 1024
+    chunk_tokens: int | None = None
+    question_aware: bool = True
+    positions: str = "compact"
+    max_position: int | None = None
+    n_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITION_MODES:
+            raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
+
+    def chunk(self) -> int:
+        return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
+
+
+def _default_threads() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+class Session:
+    """One sequence in a bounded cache, evicted by ``policy``."""
+
+    def __init__(self, model: Model, policy: Policy, config: SessionConfig | None = None) -> None:
+        self.model = model
+        self.policy = policy
+        self.config = config = config or SessionConfig()
+        budget, chunk = config.budget_tokens, config.chunk()
+        if budget < MIN_CHUNK:
+            raise ConfigError(f"budget must be at least {MIN_CHUNK} tokens, got {budget}")
+        if chunk < MIN_CHUNK:
+            raise ConfigError(f"chunk must be at least {MIN_CHUNK} tokens, got {chunk}")
+        if policy.evicts and budget < policy.protected(budget) + 1:
+            raise ConfigError(
+                f"budget {budget} is too small for {policy.name}: it keeps "
+                f"{policy.protected(budget)} sink and recent tokens"
+            )
+        self.max_position = config.max_position or model.info.n_ctx_train
+        self.capture = None
+        if policy.needs_attention:
+            if not model.info.global_layers:
+                raise ConfigError(
+                    f"{policy.name} needs attention, but kvtrim does not know which layers of "
+                    f"{model.info.arch} see the whole cache; use streaming or full"
+                )
+            self.capture = AttentionCapture(model.info.global_layers)
+        n_ctx = budget + chunk if policy.evicts else budget
+        if n_ctx >= self.max_position:
+            raise ConfigError(f"budget + chunk ({n_ctx}) must be below {self.max_position}")
+        self.ctx = NativeContext(
+            model,
+            n_ctx=n_ctx,
+            n_batch=min(chunk, n_ctx),
+            n_threads=config.n_threads or _default_threads(),
+            capture=self.capture,
+        )
+        self.budget = budget
+        self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
+        self.stats = self._new_stats()
+        self._logits: np.ndarray | None = None
+        self._t0 = time.perf_counter()
+
+    # -- public API -------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the running prefill or generation soon (thread-safe)."""
+        self.ctx.cancel_event.set()
+
+    def reset(self) -> None:
+        """Empty the cache and forget what the policy observed."""
+        self.ctx.clear()
+        self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
+        self.policy.reset()
+        self.stats = self._new_stats()
+        self._logits = None
+
+    def ask(
+        self,
+        document: str,
+        question: str,
+        *,
+        answer_prefix: str = "",
+        **gen: object,
+    ) -> Iterator[Event]:
+        """Read ``document`` and answer ``question`` (see ``run`` for options)."""
+        prompt = ask_prompt(self.model, document, question, answer_prefix)
+        return self.run(prompt, **gen)  # type: ignore[arg-type]
+
+    def summarize(self, document: str, **gen: object) -> Iterator[Event]:
+        """Read ``document`` and summarize it (see ``run`` for options)."""
+        return self.run(summary_prompt(self.model, document), **gen)  # type: ignore[arg-type]
+
+    def run(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 128,
+        sampling: Sampling | None = None,
+        stops: Sequence[str] | None = None,
+    ) -> Iterator[Event]:
+        """Fresh cache, read the prompt (evicting as needed), then generate."""
+        self.ctx.cancel_event.clear()
+        self.reset()
+        self._t0 = time.perf_counter()
+        head = self.model.tokenize(prompt.prefix, add_bos=prompt.add_bos)
+        body = self.model.tokenize(prompt.document)
+        tail = self.model.tokenize(prompt.suffix)
+        yield from self.feed(head + body, observe=tail, logits=False)
+        yield from self.feed(tail, logits=True)
+        yield from self.generate(
+            max_tokens=max_tokens,
+            sampling=sampling or Sampling(),
+            stops=tuple(stops if stops is not None else prompt.stops),
+        )
+
+    def feed(
+        self,
+        tokens: Sequence[int],
+        *,
+        observe: Sequence[int] = (),
+        logits: bool = True,
+    ) -> Iterator[Event]:
+        """Append ``tokens`` in chunks, evicting before the cache would overflow.
+
+        ``observe`` (the question) is the observation window at each eviction
+        when the session is question-aware and the policy reads attention.
+        """
+        window = list(observe) if self._question_aware() else []
+        reserve = len(window)
+        room = self.ctx.n_ctx - self.budget - reserve
+        if self.policy.evicts and room < 1:
+            raise ConfigError(
+                f"budget {self.budget} leaves no room for a {reserve}-token question; "
+                "use a smaller budget or a larger chunk"
+            )
+        total, done = len(tokens), 0
+        start, base = time.perf_counter(), self.stats.prefill_s
+        try:
+            while done < total:
+                free = self.ctx.n_ctx - self.cache.n_used - reserve
+                if free < min(room, total - done) or free < 1:
+                    yield from self._evict(window)
+                    free = self.ctx.n_ctx - self.cache.n_used - reserve
+                n = min(total - done, free, self.ctx.n_batch)
+                last = done + n == total
+                self._decode(tokens[done : done + n], logits=logits and last)
+                done += n
+                self.stats.prompt_tokens += n
+                self.stats.prefill_s = base + time.perf_counter() - start
+                self._sync_stats()
+                yield Progress(done, total, self.stats)
+        finally:
+            self.stats.prefill_s = base + time.perf_counter() - start
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        sampling: Sampling,
+        stops: tuple[str, ...] = (),
+    ) -> Iterator[Event]:
+        """Generate up to ``max_tokens`` tokens after what was fed."""
+        if self._logits is None:
+            raise ConfigError("nothing to continue from: feed a prompt first")
+        sample = Sampler(sampling)
+        matcher = StopMatcher(stops)
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        start, base = time.perf_counter(), self.stats.decode_s
+        reason = "length"
+        try:
+            for _ in range(max_tokens):
+                token = sample(self._logits)
+                if self.stats.first_token_s is None:
+                    self.stats.first_token_s = time.perf_counter() - self._t0
+                if self.model.is_eog(token):
+                    reason = "eog"
+                    break
+                if self.cache.n_used >= self.ctx.n_ctx:
+                    yield from self._evict([])
+                self._decode([token], logits=True)
+                self.stats.generated_tokens += 1
+                self.stats.decode_s = base + time.perf_counter() - start
+                text, hit = matcher.feed(utf8.decode(self.model.piece(token)))
+                self._sync_stats()
+                yield Token(token, text, self.stats)
+                if hit:
+                    reason = "stop"
+                    break
+        finally:
+            self.stats.decode_s = base + time.perf_counter() - start
+        tail = matcher.flush() + (utf8.decode(b"", final=True) if reason != "stop" else "")
+        if tail:
+            yield Token(-1, tail, self.stats)
+        yield Done(matcher.text, reason, self.stats)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------
+
+    def _new_stats(self) -> KVStats:
+        return KVStats(
+            policy=self.policy.name,
+            budget_tokens=self.budget,
+            n_ctx=self.ctx.n_ctx,
+            kv_bytes_per_cell=self.model.info.kv_bytes_per_cell(),
+        )
+
+    def _question_aware(self) -> bool:
+        return self.config.question_aware and self.capture is not None and self.policy.evicts
+
+    def _sync_stats(self) -> None:
+        s = self.stats
+        s.cells_used = self.cache.n_used
+        s.cells_peak = max(s.cells_peak, s.cells_used)
+        s.tokens_seen = self.cache.next_id
+        s.evicted_tokens = self.cache.evicted
+        s.compactions = self.cache.compactions
+
+    def _decode(self, tokens: Sequence[int], *, logits: bool) -> None:
+        n = len(tokens)
+        if self.cache.next_lpos + n > self.max_position:
+            self.cache.compact()
+        rows = 0
+        if self.capture is not None:
+            rows = n if self.policy.query_rows is None else self.policy.query_rows
+            self.capture.arm(n, rows, visibility=True)
+        self.ctx.decode(tokens, self.cache.next_lpos, logits=logits)
+        pos0 = self.cache.next_lpos
+        if self.capture is not None:
+            got = self.capture.take()
+            self.stats.capture_s += got.seconds
+            assert self.cache.cells is not None and got.visible is not None
+            self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
+            self.cache.appended(n)
+            if got.attn is not None:
+                self.policy.observe(self._observation(got.attn))
+        else:
+            self.cache.appended(n)
+        if logits:
+            self._logits = self.ctx.last_logits()
+
+    def _observation(self, attn: np.ndarray) -> Observation:
+        cols = self.cache.cell_columns()
+        if len(cols) and cols.max() >= attn.shape[1]:
+            attn = np.pad(attn, ((0, 0), (0, int(cols.max()) + 1 - attn.shape[1])))
+        return Observation(self.cache.ids.copy(), attn[:, cols])
+
+    def _observe_question(self, window: list[int]) -> Observation:
+        assert self.capture is not None
+        n = len(window)
+        self.capture.arm(n, n, visibility=False)
+        try:
+            self.ctx.decode(window, self.cache.next_lpos, logits=False)
+            got = self.capture.take()
+        finally:
+            self.cache.drop_scratch()
+        self.stats.capture_s += got.seconds
+        assert got.attn is not None
+        return self._observation(got.attn)
+
+    def _evict(self, window: list[int]) -> Iterator[Event]:
+        if not self.policy.evicts:
+            raise ContextOverflowError(
+                f"the input does not fit the {self.budget}-token cache and policy 'full' never "
+                "evicts; raise --budget or choose an eviction policy"
+            )
+        start = time.perf_counter()
+        query = self._observe_question(window) if window else None
+        keep = self.policy.keep(self.cache.ids, self.budget, query)
+        removed = self.cache.keep_only(keep)
+        if self.config.positions == "compact":
+            self.cache.compact()
+        self.stats.score_s += time.perf_counter() - start
+        self.stats.evictions += 1
+        self._sync_stats()
+        yield Evicted(self.cache.n_used, removed, self.stats)
+
+    @staticmethod
+    def collect(events: Iterator[Event], model: str = "") -> Result:
+        """Run ``events`` to the end and return the answer with its figures."""
+        for count, event in enumerate(events, start=1):
+            if isinstance(event, Done):
+                return Result(event.text, event.reason, event.stats, model, count)
+        raise Cancelled("the run ended without an answer")
