@@ -304,17 +304,26 @@ class Session:
         return Observation(self.cache.ids.copy(), attn[:, cols])
 
     def _observe_question(self, window: list[int]) -> Observation:
+        """Decode the question after the held text, read its rows, remove it again."""
         assert self.capture is not None
-        n = len(window)
-        self.capture.arm(n, n, visibility=False)
+        if self.cache.next_lpos + len(window) > self.max_position:
+            self.cache.compact()
+        rows: list[np.ndarray] = []
+        pos = self.cache.next_lpos
         try:
-            self.ctx.decode(window, self.cache.next_lpos, logits=False)
-            got = self.capture.take()
+            for at in range(0, len(window), self.ctx.n_batch):
+                piece = window[at : at + self.ctx.n_batch]
+                self.capture.arm(len(piece), len(piece), visibility=False)
+                self.ctx.decode(piece, pos + at, logits=False)
+                got = self.capture.take()
+                self.stats.capture_s += got.seconds
+                assert got.attn is not None
+                rows.append(got.attn)
         finally:
             self.cache.drop_scratch()
-        self.stats.capture_s += got.seconds
-        assert got.attn is not None
-        return self._observation(got.attn)
+        width = max(r.shape[1] for r in rows)
+        attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
+        return self._observation(attn)
 
     def _evict(self, window: list[int]) -> Iterator[Event]:
         if not self.policy.evicts:

@@ -1,0 +1,52 @@
+"""Test documents: llama.cpp's passkey haystack and varied prose."""
+
+from __future__ import annotations
+
+import random
+
+JUNK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+PASSKEY_PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize them. I will quiz you about the important information there."
+)
+PASSKEY_SUFFIX = " What is the pass key? The pass key is"
+
+
+def passkey_document(n_junk: int, depth: float, key: int) -> str:
+    """llama.cpp's passkey haystack: filler with the key line at ``depth`` (0..1)."""
+    at = int(n_junk * depth)
+    line = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    return JUNK * at + line + JUNK * (n_junk - at)
+
+
+def passkey_key(depth: float) -> int:
+    return random.Random(round(depth * 1000)).randint(10000, 99999)
+
+
+def prose(n_sentences: int, seed: int = 0) -> str:
+    """Varied plain English, so attention is not uniform (no repeated filler)."""
+    rng = random.Random(seed)
+    names = ["Alice", "Bob", "Clara", "Dmitri", "Esther", "Farid", "Greta", "Hiro"]
+    verbs = ["repaired", "painted", "sold", "borrowed", "found", "measured", "cleaned"]
+    things = [
+        "the bicycle",
+        "a red kettle",
+        "the garden fence",
+        "an old violin",
+        "the library map",
+        "a copper lamp",
+        "the kitchen clock",
+    ]
+    places = [
+        "in Lisbon",
+        "near the harbour",
+        "at the market",
+        "behind the school",
+        "in the attic",
+        "on Tuesday",
+        "before dawn",
+    ]
+    return " ".join(
+        f"{rng.choice(names)} {rng.choice(verbs)} {rng.choice(things)} {rng.choice(places)}."
+        for _ in range(n_sentences)
+    )

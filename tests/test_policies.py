@@ -1,0 +1,132 @@
+"""Every policy through the same checks, without a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ConfigError, make_policy
+from engine.policies import POLICIES, Observation
+from engine.policies.base import max_pool, realign
+
+EVICTING = [name for name, cls in POLICIES.items() if cls.evicts]
+
+
+def _observe_random(policy, ids, rows=8, seed=0):
+    rng = np.random.default_rng(seed)
+    attn = rng.random((rows, len(ids))).astype(np.float32)
+    attn /= attn.sum(axis=1, keepdims=True)
+    policy.observe(Observation(ids, attn))
+    return attn
+
+
+@pytest.mark.parametrize("name", EVICTING)
+def test_keep_respects_budget_sinks_and_recent(name):
+    policy = make_policy(name)
+    ids = np.arange(1000, dtype=np.int64)
+    if policy.needs_attention:
+        _observe_random(policy, ids)
+    budget = 200
+    kept = policy.keep(ids, budget)
+    assert len(kept) == budget
+    assert np.all(np.diff(kept) > 0), "kept ids stay in order"
+    assert set(kept) <= set(ids)
+    assert set(ids[: policy.n_sink]) <= set(kept)
+    recent = policy.recent_for(budget)
+    assert set(ids[len(ids) - recent :]) <= set(kept)
+
+
+@pytest.mark.parametrize("name", EVICTING)
+def test_nothing_evicted_under_budget(name):
+    policy = make_policy(name)
+    ids = np.arange(50, dtype=np.int64)
+    assert np.array_equal(policy.keep(ids, 64), ids)
+
+
+@pytest.mark.parametrize("name", EVICTING)
+def test_budget_below_protected_is_a_clear_error(name):
+    policy = make_policy(name, n_sink=10, recent=10)
+    with pytest.raises(ConfigError, match="cannot hold"):
+        policy.keep(np.arange(100, dtype=np.int64), 15)
+
+
+def test_streaming_keeps_sinks_and_newest():
+    kept = make_policy("streaming", n_sink=4).keep(np.arange(100, dtype=np.int64), 20)
+    assert list(kept) == [0, 1, 2, 3, *range(84, 100)]
+
+
+def test_h2o_accumulates_over_every_observation():
+    policy = make_policy("h2o", recent_ratio=0.5)
+    ids = np.arange(10, dtype=np.int64)
+    hot = np.zeros((1, 10), np.float32)
+    hot[0, 2] = 1.0
+    policy.observe(Observation(ids[:5], hot[:, :5]))
+    later = np.zeros((3, 11), np.float32)
+    later[:, 6] = 0.4
+    policy.observe(Observation(np.arange(11, dtype=np.int64), later))
+    scores = policy.score(np.arange(11, dtype=np.int64), None)
+    assert scores[2] == pytest.approx(1.0)
+    assert scores[6] == pytest.approx(1.2)
+    kept = policy.keep(np.arange(11, dtype=np.int64), 4)
+    # half recent (2 newest), half heavy hitters (6 and 2)
+    assert list(kept) == [2, 6, 9, 10]
+
+
+def test_snapkv_votes_of_last_window_rows_are_pooled():
+    policy = make_policy("snapkv", n_sink=0, recent=2, window=2, kernel=3)
+    ids = np.arange(20, dtype=np.int64)
+    old = np.zeros((5, 20), np.float32)
+    old[:, 15] = 1.0  # outside the window: must not count
+    policy.observe(Observation(ids, old))
+    new = np.zeros((2, 20), np.float32)
+    new[:, 7] = 1.0
+    policy.observe(Observation(ids, new))
+    scores = policy.score(ids, None)
+    assert scores[6] == scores[7] == scores[8] == pytest.approx(2.0)  # pooled neighbours
+    assert scores[15] == 0
+    kept = policy.keep(ids, 5)
+    assert list(kept) == [6, 7, 8, 18, 19]
+
+
+def test_question_overrides_the_window():
+    policy = make_policy("snapkv", n_sink=0, recent=1, kernel=1)
+    ids = np.arange(10, dtype=np.int64)
+    _observe_random(policy, ids)
+    q = np.zeros((3, 10), np.float32)
+    q[:, 4] = 1.0
+    kept = policy.keep(ids, 2, Observation(ids, q))
+    assert list(kept) == [4, 9]
+
+
+def test_tova_uses_only_the_newest_row():
+    policy = make_policy("tova")
+    ids = np.arange(6, dtype=np.int64)
+    attn = np.zeros((2, 6), np.float32)
+    attn[0, 1] = 1.0
+    attn[1, 3] = 1.0
+    policy.observe(Observation(ids, attn))
+    assert list(policy.keep(ids, 2)) == [3, 5]
+
+
+def test_reset_forgets():
+    policy = make_policy("h2o")
+    ids = np.arange(4, dtype=np.int64)
+    _observe_random(policy, ids)
+    policy.reset()
+    assert not policy.score(ids, None).any()
+
+
+def test_realign_and_pool():
+    values = np.array([[1.0, 2.0, 3.0]])
+    out = realign(values, np.array([2, 5, 9]), np.array([5, 6, 9]))
+    assert out.tolist() == [[2.0, 0.0, 3.0]]
+    assert max_pool(np.array([0, 0, 5, 0, 0, 0.0]), 3).tolist() == [0, 5, 5, 5, 0, 0]
+
+
+def test_unknown_policy_and_bad_settings():
+    with pytest.raises(ConfigError, match="unknown policy"):
+        make_policy("lru")
+    with pytest.raises(ConfigError):
+        make_policy("snapkv", kernel=4)
+    with pytest.raises(ConfigError):
+        make_policy("streaming", n_sink=-1)
