@@ -1,0 +1,159 @@
+"""The kvtrim command: JSON output, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from docs_for_tests import prose
+
+from engine.cli import main
+from engine.model import default_model_path
+
+KEYS = {
+    "answer",
+    "policy",
+    "budget_tokens",
+    "prompt_tokens",
+    "kv_cells_peak",
+    "kv_bytes_peak",
+    "kv_bytes_full",
+    "evicted_tokens",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "model",
+}
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _run_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    """In a child process, so a crash of the native library cannot hide."""
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def notes(tmp_path: Path) -> Path:
+    p = tmp_path / "notes.txt"
+    p.write_text(prose(120, seed=8), encoding="utf-8")
+    return p
+
+
+def test_ask_json_has_every_figure(notes):
+    code, out, err = _run(
+        "ask",
+        str(notes),
+        "--question",
+        "Who repaired the bicycle?",
+        "--policy",
+        "snapkv",
+        "--budget",
+        "256",
+        "--max-tokens",
+        "8",
+        "--json",
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) >= KEYS
+    assert result["policy"] == "snapkv" and result["budget_tokens"] == 256
+    assert result["prompt_tokens"] > 1000
+    assert result["kv_bytes_peak"] < result["kv_bytes_full"]
+    assert result["evicted_tokens"] > 0
+    assert result["model"] == "Gemma 3 270m"
+    assert result["gpu"].startswith("no NVIDIA GPU")
+
+
+def test_summarize_prints_answer_and_summary_line(notes):
+    code, out, err = _run(
+        "summarize", str(notes), "--policy", "h2o", "--budget", "256", "--max-tokens", "12"
+    )
+    assert code == 0, err
+    assert out.strip()
+    assert err.count("\n") == 1 and "[h2o budget=256]" in err and "tok/s" in err
+
+
+def test_info_reports_model_and_memory():
+    out = io.StringIO()
+    assert main(["info"], out=out) == 0
+    text = out.getvalue()
+    assert "global layers scored: [5, 11, 17]" in text
+    assert "GPU: no NVIDIA GPU" in text
+
+
+def _bad_model_files(tmp: Path) -> dict[str, tuple[Path, str]]:
+    real = default_model_path().read_bytes()
+    files = {
+        "missing": (tmp / "nope.gguf", "not found"),
+        "empty": (tmp / "empty.gguf", "empty"),
+        "text": (tmp / "text.gguf", "not a GGUF"),
+        "truncated": (tmp / "trunc.gguf", "could not load"),
+        "header_only": (tmp / "head.gguf", "truncated"),
+        "directory": (tmp / "dir.gguf", "not a file"),
+    }
+    files["empty"][0].write_bytes(b"")
+    files["text"][0].write_text("hello, I am not a model\n")
+    files["truncated"][0].write_bytes(real[: 1 << 20])
+    files["header_only"][0].write_bytes(b"GGUF\x03\x00")
+    files["directory"][0].mkdir()
+    return files
+
+
+@pytest.mark.parametrize(
+    "case", ["missing", "empty", "text", "truncated", "header_only", "directory"]
+)
+def test_bad_model_file_gives_one_line_error(tmp_path, notes, case):
+    path, message = _bad_model_files(tmp_path)[case]
+    proc = _run_process("ask", str(notes), "-q", "Who?", "--model", str(path))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtrim: error:"), proc.stderr
+    assert message in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def _bad_documents(tmp: Path) -> dict[str, tuple[Path, str]]:
+    docs = {
+        "missing": (tmp / "nope.txt", "not found"),
+        "empty": (tmp / "empty.txt", "empty"),
+        "binary": (tmp / "blob.txt", "binary"),
+        "directory": (tmp / "folder", "directory"),
+    }
+    docs["empty"][0].write_text("  \n")
+    docs["binary"][0].write_bytes(bytes(range(256)) * 20)
+    docs["directory"][0].mkdir()
+    return docs
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "binary", "directory"])
+def test_bad_document_gives_one_line_error(tmp_path, case):
+    path, message = _bad_documents(tmp_path)[case]
+    code, _out, err = _run("summarize", str(path))
+    assert code == 2
+    assert err.startswith("kvtrim: error:") and err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "20"], "too small"),
+        (["--budget", "4"], "at least"),
+        (["--chunk", "3"], "chunk"),
+        (["--policy", "full", "--budget", "64"], "does not fit"),
+        (["--temperature", "-1"], "temperature"),
+    ],
+)
+def test_bad_settings_give_one_line_error(notes, argv, message):
+    code, _out, err = _run("ask", str(notes), "-q", "Who?", *argv)
+    assert code == 2, err
+    assert err.startswith("kvtrim: error:") and message in err and err.count("\n") == 1
