@@ -328,8 +328,8 @@ class Session:
     def _evict(self, window: list[int]) -> Iterator[Event]:
         if not self.policy.evicts:
             raise ContextOverflowError(
-                f"the input does not fit the {self.budget}-token cache and policy 'full' never "
-                "evicts; raise --budget or choose an eviction policy"
+                f"the input does not fit the {self.ctx.n_ctx}-cell cache and policy 'full' "
+                "never evicts; raise --budget or choose an eviction policy"
             )
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
