@@ -34,8 +34,8 @@ _base.ggml_backend_tensor_get.argtypes = [
 ]
 _base.ggml_backend_tensor_get.restype = None
 
-EvalCallback = Callable[[int, bool], bool]
-"""``(tensor_address, ask) -> bool``: llama.cpp's ``ggml_backend_sched_eval_callback``."""
+EvalCallback = Callable[[int, bool, int | None], bool]
+"""``(tensor_address, ask, user_data) -> bool``: ``ggml_backend_sched_eval_callback``."""
 
 
 def tensor_name_bytes(tensor: int) -> bytes:
@@ -93,14 +93,10 @@ def read_rows(tensor: int, row0: int, row1: int) -> np.ndarray:
 
 
 def make_eval_callback(fn: EvalCallback) -> llama_cpp.ggml_backend_sched_eval_callback:
-    """Wrap ``fn`` as a C eval callback. Keep the result alive as long as the context."""
-
-    def trampoline(tensor: int | None, ask: bool, _user_data: int | None) -> bool:
-        if not tensor:
-            return not ask
-        return fn(tensor, ask)
-
-    return llama_cpp.ggml_backend_sched_eval_callback(trampoline)
+    """Wrap ``fn(tensor, ask, user_data)`` as a C eval callback. It runs for every
+    graph node of every decode, so it takes the C arguments as they are (no extra
+    Python frame). Keep the result alive as long as the context."""
+    return llama_cpp.ggml_backend_sched_eval_callback(fn)
 
 
 def make_abort_callback(should_abort: Callable[[], bool]) -> llama_cpp.ggml_abort_callback:

@@ -76,8 +76,10 @@ class AttentionCapture:
             attn /= self._n_layers_seen
         return Captured(self._visible, attn, self._seconds)
 
-    def _on_tensor(self, tensor: int, ask: bool) -> bool:
-        if not self._armed:
+    def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
+        # ask=True: do we want this node? ask=False: it is computed, read it; returning
+        # False then would stop the graph, so every path below answers "not ask".
+        if not self._armed or not tensor:
             return not ask
         name = _ggml.tensor_name_bytes(tensor)
         if not name.startswith(_PREFIX) or name[len(_PREFIX) :] not in self._wanted:
