@@ -65,8 +65,16 @@ class NativeContext:
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
 
-    def decode(self, tokens: Sequence[int], pos0: int, *, logits: bool) -> None:
-        """Decode ``tokens`` at positions ``pos0...``; logits for the last one if asked."""
+    def decode(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        *,
+        logits: bool,
+        every: bool = False,
+    ) -> None:
+        """Decode ``tokens`` at positions ``pos0...``; logits for the last one if asked
+        (for every one with ``every``)."""
         n = len(tokens)
         if not 0 < n <= self.n_batch:
             raise EngineError(f"decode of {n} tokens does not fit a batch of {self.n_batch}")
@@ -77,8 +85,8 @@ class NativeContext:
             b.pos[i] = pos0 + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = SEQ
-            b.logits[i] = False
-        b.logits[n - 1] = logits
+            b.logits[i] = every
+        b.logits[n - 1] = logits or every
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
         rc = llama_cpp.llama_decode(self._ctx.ctx, b)
@@ -101,6 +109,15 @@ class NativeContext:
             raise EngineError("no logits available")
         buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
         return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
+
+    def logits_rows(self, n: int) -> np.ndarray:
+        """Logits of the last decode's ``n`` output rows (float32, ``(n, n_vocab)``)."""
+        ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
+        if not ptr:
+            raise EngineError("no logits available")
+        size = n * self.n_vocab
+        buf = (ctypes.c_float * size).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(buf, dtype=np.float32, count=size).reshape(n, self.n_vocab).copy()
 
     def seq_rm(self, p0: int, p1: int) -> None:
         """Remove positions ``[p0, p1)`` (p1 < 0: to the end) from every layer."""

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from .bench import cli as bench_cli
 from .documents import load_document
 from .errors import Cancelled, KvtrimError
 from .monitor import MemoryMonitor
@@ -29,7 +30,7 @@ _MB = 1024 * 1024
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a text document (.txt, .md, ...) of any length")
+    p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
     p.add_argument(
         "--policy",
         choices=list(POLICIES),
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--question", "-q", required=True)
     summ = sub.add_parser("summarize", help="summarize a document")
     _common(summ)
+    bench_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
     info.add_argument("--model", default=None, metavar="PATH")
     info.add_argument("--gpu-layers", type=int, default=0, metavar="N")
@@ -251,7 +253,11 @@ def main(
     if getattr(args, "verbose", False):
         logging.getLogger("kvtrim.llama").setLevel(logging.INFO)
     try:
-        return _info(args, out) if args.command == "info" else _run(args, out, err)
+        if args.command == "info":
+            return _info(args, out)
+        if args.command == "bench":
+            return bench_cli.main(args, out, err)
+        return _run(args, out, err)
     except Cancelled:
         err.write("\nkvtrim: cancelled\n")
         return 130

@@ -1,8 +1,10 @@
 """Reading documents as text, with clear errors for what cannot be read.
 
-Text files (``.txt``, ``.md`` and any other plain text) are decoded as UTF-8
-when they are, else with the encoding charset-normalizer detects; binary data
-is refused rather than fed to the model as noise.
+Supported: ``.txt``/``.md`` and other plain text (UTF-8, else the encoding
+charset-normalizer detects), ``.html``/``.htm`` (visible text, via the standard
+library's HTML parser), ``.pdf`` (pypdf's text layer) and ``.docx``
+(python-docx: paragraphs and tables). Binary data, PDFs without a text layer,
+encrypted PDFs and corrupt files are refused with a one-line reason.
 """
 
 from __future__ import annotations
@@ -63,17 +65,65 @@ def decode_text(data: bytes, name: str = "input") -> str:
     return text
 
 
-def load_document(path: Path | str) -> str:
-    """The text of the document at ``path``."""
-    p = Path(path)
+SUFFIXES = (".txt", ".md", ".markdown", ".rst", ".csv", ".log", ".html", ".htm", ".pdf", ".docx")
+_BINARY_SUFFIXES = {
+    ".doc",
+    ".xls",
+    ".xlsx",
+    ".ppt",
+    ".pptx",
+    ".odt",
+    ".rtf",
+    ".epub",
+    ".zip",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".gif",
+    ".exe",
+    ".gguf",
+    ".bin",
+}
+
+
+def _read_bytes(p: Path) -> bytes:
     try:
         if p.is_dir():
             raise DocumentError(f"{p} is a directory, not a document")
-        data = p.read_bytes()
+        return p.read_bytes()
     except FileNotFoundError:
         raise DocumentError(f"document not found: {p}") from None
     except PermissionError:
         raise DocumentError(f"permission denied reading {p}") from None
     except OSError as exc:
         raise DocumentError(f"cannot read {p}: {exc.strerror or exc}") from None
+
+
+def load_document(path: Path | str) -> str:
+    """The text of the document at ``path``, by its file type."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix in _BINARY_SUFFIXES:
+        raise DocumentError(
+            f"{p.name}: {suffix} files are not supported; use {', '.join(SUFFIXES)}"
+        )
+    data = _read_bytes(p)
+    if suffix in (".html", ".htm"):
+        from ._formats import html_text
+
+        return _nonempty(html_text(decode_text(data, p.name)), p.name)
+    if suffix == ".pdf":
+        from ._formats import pdf_text
+
+        return _nonempty(pdf_text(data, p.name), p.name, "has no text layer (a scan?)")
+    if suffix == ".docx":
+        from ._formats import docx_text
+
+        return _nonempty(docx_text(data, p.name), p.name)
     return decode_text(data, p.name)
+
+
+def _nonempty(text: str, name: str, why: str = "has no text") -> str:
+    if not text.strip():
+        raise DocumentError(f"{name} {why}")
+    return text

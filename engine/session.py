@@ -109,6 +109,7 @@ class Session:
         self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
         self.stats = self._new_stats()
         self._logits: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
         self._t0 = time.perf_counter()
 
     # -- public API -------------------------------------------------------
@@ -170,8 +171,12 @@ class Session:
         *,
         observe: Sequence[int] = (),
         logits: bool = True,
+        every: bool = False,
     ) -> Iterator[Event]:
         """Append ``tokens`` in chunks, evicting before the cache would overflow.
+
+        ``logits``: keep the last token's logits (to generate after); ``every``:
+        logits for every token (teacher forcing).
 
         ``observe`` (the question) is the observation window at each eviction
         when the session is question-aware and the policy reads attention.
@@ -194,7 +199,7 @@ class Session:
                     free = self.ctx.n_ctx - self.cache.n_used - reserve
                 n = min(total - done, free, self.ctx.n_batch)
                 last = done + n == total
-                self._decode(tokens[done : done + n], logits=logits and last)
+                self._decode(tokens[done : done + n], logits=logits and last, every=every)
                 done += n
                 self.stats.prompt_tokens += n
                 self.stats.prefill_s = base + time.perf_counter() - start
@@ -202,6 +207,16 @@ class Session:
                 yield Progress(done, total, self.stats)
         finally:
             self.stats.prefill_s = base + time.perf_counter() - start
+
+    def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
+        """Append ``tokens`` (evicting as needed) and yield, block by block, the logits
+        each position predicts the next token with: row i of the concatenated
+        blocks predicts ``tokens[i + 1]`` (float32, ``(rows, n_vocab)``)."""
+        for event in self.feed(tokens, logits=True, every=True):
+            if isinstance(event, Progress):
+                assert self._rows is not None
+                yield self._rows
+                self._rows = None
 
     def generate(
         self,
@@ -274,7 +289,7 @@ class Session:
         s.evicted_tokens = self.cache.evicted
         s.compactions = self.cache.compactions
 
-    def _decode(self, tokens: Sequence[int], *, logits: bool) -> None:
+    def _decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
@@ -282,7 +297,7 @@ class Session:
         if self.capture is not None:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
             self.capture.arm(n, rows, visibility=True)
-        self.ctx.decode(tokens, self.cache.next_lpos, logits=logits)
+        self.ctx.decode(tokens, self.cache.next_lpos, logits=logits, every=every)
         pos0 = self.cache.next_lpos
         if self.capture is not None:
             got = self.capture.take()
@@ -294,7 +309,10 @@ class Session:
                 self.policy.observe(self._observation(got.attn))
         else:
             self.cache.appended(n)
-        if logits:
+        if every:
+            self._rows = self.ctx.logits_rows(n)
+            self._logits = self._rows[-1]
+        elif logits:
             self._logits = self.ctx.last_logits()
 
     def _observation(self, attn: np.ndarray) -> Observation:

@@ -1,0 +1,105 @@
+"""The ``kvtrim bench`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from ..policies import POLICIES
+from . import report
+from .runner import BenchConfig, run, steps_total
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="compare policies on quality, memory and speed")
+    d = BenchConfig()
+    p.add_argument("--quick", action="store_true", help="a small grid (under 2 minutes)")
+    p.add_argument(
+        "--policies",
+        type=_csv,
+        default=None,
+        help=f"comma-separated (default: {','.join(d.policies)})",
+    )
+    p.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help=f"document length of the quality runs (default: {d.length})",
+    )
+    p.add_argument(
+        "--budgets",
+        type=_csv,
+        default=None,
+        help="fractions of --length (1/8) or cells (default: 1/8,1/4)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in _csv(s)],
+        default=None,
+        help="document lengths of the scaling runs (default: 2048,4096,8192,16000)",
+    )
+    p.add_argument("--scale-budget", type=int, default=None, help="budget of the scaling runs")
+    p.add_argument("--depths", type=int, default=None, help="passkey depths per trial")
+    p.add_argument("--trials", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--model", default=None, metavar="PATH")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    cfg = BenchConfig.quick() if args.quick else BenchConfig()
+    for name in (
+        "policies",
+        "length",
+        "budgets",
+        "lengths",
+        "depths",
+        "trials",
+        "seed",
+        "model",
+        "threads",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(cfg, name, value)
+    if args.scale_budget is not None:
+        cfg.scale_budget = args.scale_budget
+    unknown = [p for p in cfg.policies if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"kvtrim: error: unknown policy {unknown[0]!r}")
+    return cfg
+
+
+def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tqdm import tqdm
+
+    cfg = config_from(args)
+    total = steps_total(cfg)
+    bar = tqdm(total=total, file=err, disable=not err.isatty(), unit="run")
+    done = 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        done += 1
+        bar.set_description(label[:60])
+        bar.update(1)
+        if not err.isatty():
+            err.write(f"[{done}/{total}] {label}\n")
+            err.flush()
+
+    result = run(cfg, args.out, step)
+    bar.close()
+    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    path = report.write(result, args.out, command)
+    out.write(f"wrote {args.out / 'results.json'} and {path}\n")
+    for name, measured, ok in report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+    return 0

@@ -1,0 +1,55 @@
+"""The same model with no eviction machinery: plain llama-cpp-python, as the
+speed reference (flash attention on and off)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from ..monitor import MemoryMonitor
+
+
+def plain_llama(
+    model_path: str,
+    tokens: list[int],
+    decode_tokens: int,
+    flash: bool,
+    n_threads: int | None = None,
+) -> dict[str, Any]:
+    """Prefill ``tokens`` then decode greedily; tokens/s for each phase."""
+    monitor = MemoryMonitor()
+    llm = llama_cpp.Llama(
+        model_path,
+        n_ctx=len(tokens) + decode_tokens + 64,
+        n_batch=512,
+        flash_attn=flash,
+        n_threads=n_threads,
+        verbose=False,
+    )
+    try:
+        start = time.perf_counter()
+        llm.eval(tokens)
+        prefill_s = time.perf_counter() - start
+        monitor.sample()
+        start = time.perf_counter()
+        for _ in range(decode_tokens):
+            last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+            token = int(np.argmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))
+            llm.eval([token])
+        decode_s = time.perf_counter() - start
+        monitor.sample()
+    finally:
+        llm.close()
+        monitor.close()
+    return {
+        "task": "reference",
+        "prompt_tokens": len(tokens),
+        "generated_tokens": decode_tokens,
+        "prefill_tokens_per_s": len(tokens) / prefill_s,
+        "decode_tokens_per_s": decode_tokens / decode_s,
+        "first_token_s": prefill_s,
+        "rss_peak_bytes": monitor.rss_peak_bytes,
+    }

@@ -1,0 +1,240 @@
+"""Turning ``results.json`` into ``report.md`` tables, target checks and PNG plots."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+_MB = 2**20
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def quality_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per policy x budget with every quality and cost figure."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["experiment"] == "quality":
+            groups[(r["policy"], r["budget_tokens"])].append(r)
+    rows = []
+    for (policy, budget), rs in groups.items():
+        by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rs:
+            by_task[r["task"]].append(r)
+        fid = by_task["fidelity"][0] if by_task["fidelity"] else {}
+        summ = by_task["summary"][0] if by_task["summary"] else {}
+        rows.append(
+            {
+                "policy": policy,
+                "budget_tokens": budget,
+                "length": rs[0]["length"],
+                "passkey_filler": _mean([float(r["hit"]) for r in by_task["passkey_filler"]]),
+                "passkey_real": _mean([float(r["hit"]) for r in by_task["passkey_real"]]),
+                "kl_mean": fid.get("kl_mean", float("nan")),
+                "top1_agreement": fid.get("top1_agreement", float("nan")),
+                "rouge_l": summ.get("rouge_l", float("nan")),
+                "kv_ratio": _mean([r["kv_ratio"] for r in rs if "kv_ratio" in r]),
+                "prefill_tokens_per_s": _mean([r["prefill_tokens_per_s"] for r in rs]),
+                "capture_score_share": _mean([r.get("capture_score_share", 0.0) for r in rs]),
+            }
+        )
+    return rows
+
+
+def scaling_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["experiment"] == "scaling"]
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "n/a"
+    return format(v, spec)
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(target, what was measured, met?) for the issue's four targets."""
+    q = quality_rows(result["records"])
+    s = scaling_rows(result["records"])
+    length = result["config"]["length"]
+    out: list[tuple[str, str, bool]] = []
+    eighth = [r for r in q if r["budget_tokens"] == length // 8]
+    snap = next((r for r in eighth if r["policy"] == "snapkv"), None)
+    stream = next((r for r in eighth if r["policy"] == "streaming"), None)
+    if snap and stream:
+        acc = (snap["passkey_filler"] + snap["passkey_real"]) / 2
+        base = (stream["passkey_filler"] + stream["passkey_real"]) / 2
+        ratio = acc / base if base else float("inf")
+        out.append(
+            (
+                "budget 1/8: question-aware SnapKV needle accuracy >= 90% and >= 4x streaming",
+                f"{acc:.0%} vs streaming {base:.0%}",
+                acc >= 0.9 and ratio >= 4,
+            )
+        )
+    quarter = [r for r in q if r["budget_tokens"] == length // 4 and r["policy"] != "full"]
+    if quarter:
+        best = max(quarter, key=lambda r: r["top1_agreement"])
+        out.append(
+            (
+                "budget 1/4: top-1 agreement with the full cache >= 95% (best policy)",
+                f"{best['top1_agreement']:.1%} ({best['policy']})",
+                best["top1_agreement"] >= 0.95,
+            )
+        )
+    shares = [r["capture_score_share"] for r in q if r["policy"] in ("h2o", "snapkv", "tova")]
+    if shares:
+        worst = max(shares)
+        out.append(
+            ("capture and scoring <= 10% of prefill time", f"at most {worst:.1%}", worst <= 0.10)
+        )
+    longest = max((r["length"] for r in s), default=0)
+    at_longest = {r["policy"]: r for r in s if r["length"] == longest}
+    if "full" in at_longest and "snapkv" in at_longest:
+        speedup = (
+            at_longest["snapkv"]["decode_tokens_per_s"] / at_longest["full"]["decode_tokens_per_s"]
+        )
+        out.append(
+            (
+                f"decode with a bounded budget >= 1.5x the full cache at {longest} tokens "
+                "(16,000 in the issue)",
+                f"{speedup:.2f}x (snapkv)",
+                speedup >= 1.5,
+            )
+        )
+    bounded = defaultdict(set)
+    for r in s:
+        if r["policy"] in ("streaming", "h2o", "snapkv", "tova"):
+            bounded[r["policy"]].add(r["kv_bytes_peak"])
+    if bounded:
+        flat = all(len(v) == 1 for v in bounded.values())
+        out.append(
+            (
+                "KV memory flat in document length for every bounded policy",
+                "flat" if flat else "grows",
+                flat,
+            )
+        )
+    return out
+
+
+def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
+    m, cfg = result["machine"], result["config"]
+    lines = [
+        "# kvtrim benchmark",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {m['cores_physical']} physical / {m['cores_logical']} logical cores, "
+        f"{m['memory_gb']} GB RAM, {m['system']}, Python {m['python']}, no GPU unless "
+        "listed below.  ",
+        f"Model: {result['model']['name']} ({result['model']['arch']}), "
+        f"{result['model']['kv_bytes_per_cell'] / 1024:.0f} KiB of KV per token.  ",
+        f"Real text: {result['text_source']}.  ",
+        f"Took {result['elapsed_s'] / 60:.1f} minutes.",
+        "",
+        f"## Quality at {cfg['length']} tokens",
+        "",
+        "Passkey: llama.cpp's passkey prompt, key at depths "
+        f"{', '.join(str((i + 0.5) / cfg['depths']) for i in range(cfg['depths']))}; "
+        "'filler' is its repeated filler, 'real' the key inside real text. Fidelity: "
+        f"{cfg['continuation']} tokens of real text teacher-forced after the document; KL "
+        "(nats) of the next-token distribution from the full cache's and top-1 agreement. "
+        "ROUGE-L: greedy summary against the full cache's summary.",
+        "",
+        "| policy | budget | passkey filler | passkey real | KL | top-1 agree | ROUGE-L "
+        "| KV / full | prefill tok/s | capture+score |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in quality_rows(result["records"]):
+        lines.append(
+            f"| {r['policy']} | {r['budget_tokens']} | {_fmt(r['passkey_filler'], '.0%')} | "
+            f"{_fmt(r['passkey_real'], '.0%')} | {_fmt(r['kl_mean'], '.3f')} | "
+            f"{_fmt(r['top1_agreement'], '.1%')} | {_fmt(r['rouge_l'], '.2f')} | "
+            f"{_fmt(r['kv_ratio'], '.3f')} | {_fmt(r['prefill_tokens_per_s'], '.0f')} | "
+            f"{_fmt(r['capture_score_share'], '.1%')} |"
+        )
+    lines += [
+        "",
+        f"## Memory and speed against document length (budget {cfg['scale_budget']})",
+        "",
+        "| policy | length | prompt tokens | KV held MB | full-cache KV MB | KV / full "
+        "| prefill tok/s | decode tok/s | first token s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in scaling_rows(result["records"]):
+        held = r.get("kv_bytes_peak")
+        full = r.get("kv_bytes_full")
+        lines.append(
+            f"| {r['policy']} | {r['length']} | {r['prompt_tokens']} | "
+            f"{_fmt(held / _MB if held else None, '.1f')} | "
+            f"{_fmt(full / _MB if full else None, '.1f')} | {_fmt(r.get('kv_ratio'), '.3f')} | "
+            f"{_fmt(r['prefill_tokens_per_s'], '.0f')} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
+            f"{_fmt(r['first_token_s'], '.2f')} | {_fmt(r['rss_peak_bytes'] / _MB, '.0f')} |"
+        )
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for name, measured, ok in targets(result):
+        lines.append(f"| {name} | {measured} | {'yes' if ok else '**no**'} |")
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
+    """Accuracy against budget, KV memory and decode speed against length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    q = quality_rows(result["records"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, title in (
+        (axes[0], "passkey_filler", "filler haystack"),
+        (axes[1], "passkey_real", "real-text haystack"),
+    ):
+        for policy in dict.fromkeys(r["policy"] for r in q):
+            rs = sorted((r for r in q if r["policy"] == policy), key=lambda r: r["budget_tokens"])
+            if policy == "full":
+                ax.axhline(rs[0][key], color="grey", ls="--", label="full cache")
+                continue
+            ax.plot([r["budget_tokens"] for r in rs], [r[key] for r in rs], "o-", label=policy)
+        ax.set_title(f"Passkey accuracy, {title}")
+        ax.set_xlabel("budget (KV cells)")
+        ax.set_xscale("log", base=2)
+    axes[0].set_ylabel("accuracy")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "accuracy_vs_budget.png", dpi=110)
+    names.append("accuracy_vs_budget.png")
+    plt.close(fig)
+
+    s = scaling_rows(result["records"])
+    for key, ylabel, fname, scale in (
+        ("kv_bytes_peak", "KV cache held (MB)", "kv_memory_vs_length.png", _MB),
+        ("decode_tokens_per_s", "decode tokens/s", "decode_speed_vs_length.png", 1),
+    ):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for policy in dict.fromkeys(r["policy"] for r in s):
+            rs = [r for r in s if r["policy"] == policy and r.get(key) is not None]
+            if not rs:
+                continue
+            ax.plot([r["length"] for r in rs], [r[key] / scale for r in rs], "o-", label=policy)
+        ax.set_xlabel("document length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        names.append(fname)
+        plt.close(fig)
+    return names
+
+
+def write(result: dict[str, Any], out_dir: Path, command: str) -> Path:
+    plots = plot(result, out_dir)
+    path = out_dir / "report.md"
+    path.write_text(markdown(result, command, plots))
+    return path

@@ -1,0 +1,186 @@
+"""Benchmark tasks: one function per measurement, each returning a flat record.
+
+Every record carries the run's memory and speed figures next to its quality
+figure, so one table can compare them (units in the key names).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..monitor import MemoryMonitor
+from ..prompts import Prompt, summary_prompt
+from ..runtime import Engine
+from ..stats import Done, Event, KVStats
+from . import texts
+
+FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
+PASSKEY_PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize them. I will quiz you about the important information there."
+)
+PASSKEY_SUFFIX = " What is the pass key? The pass key is"
+_FILLER_TOKENS = 24  # tokens per filler sentence group with the default model
+
+
+def key_for(seed: int, depth: float, trial: int) -> int:
+    return random.Random(f"{seed}-{depth:.3f}-{trial}").randint(10000, 99999)
+
+
+def _key_line(key: int) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key. "
+
+
+def filler_haystack(length: int, depth: float, key: int) -> str:
+    """llama.cpp's passkey document of about ``length`` tokens."""
+    n = max(2, (length - 60) // _FILLER_TOKENS)
+    at = int(n * depth)
+    return FILLER * at + _key_line(key) + FILLER * (n - at)
+
+
+def real_haystack(engine: Engine, length: int, depth: float, key: int, offset: int) -> str:
+    """A real-text passage of about ``length`` tokens with the key line at ``depth``,
+    inserted at a paragraph or sentence boundary."""
+    text = real_text(engine, length - 40, offset)
+    cut = int(len(text) * depth)
+    boundary = max(text.rfind("\n\n", 0, cut), text.rfind(". ", 0, cut))
+    at = boundary + 2 if boundary > 0 else cut
+    return text[:at] + _key_line(key) + text[at:]
+
+
+def real_text(engine: Engine, n_tokens: int, offset: int) -> str:
+    """Exactly ``n_tokens`` tokens of the real corpus, as text."""
+    chunk = texts.window(offset, n_tokens * 8)
+    tokens = engine.model.tokenize(chunk)[:n_tokens]
+    return engine.model.detokenize(tokens)
+
+
+def _figures(stats: KVStats, monitor: MemoryMonitor, wall_s: float) -> dict[str, Any]:
+    share = (stats.capture_s + stats.score_s) / stats.prefill_s if stats.prefill_s else 0.0
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "generated_tokens": stats.generated_tokens,
+        "kv_cells_peak": stats.cells_peak,
+        "kv_bytes_peak": stats.kv_bytes,
+        "kv_bytes_full": stats.kv_bytes_full,
+        "kv_ratio": stats.kv_bytes / stats.kv_bytes_full if stats.kv_bytes_full else 0.0,
+        "evicted_tokens": stats.evicted_tokens,
+        "prefill_tokens_per_s": stats.prefill_tokens_per_s,
+        "decode_tokens_per_s": stats.decode_tokens_per_s,
+        "first_token_s": stats.first_token_s,
+        "capture_score_share": share,
+        "rss_peak_bytes": monitor.rss_peak_bytes,
+        "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.has_gpu else None,
+        "wall_s": wall_s,
+    }
+
+
+def _drain(events: Iterator[Event], monitor: MemoryMonitor) -> Done:
+    done = None
+    for event in events:
+        monitor.sample()
+        if isinstance(event, Done):
+            done = event
+    assert done is not None
+    return done
+
+
+def _budget_for(policy: str, budget: int, length: int, extra: int = 96) -> int:
+    """The full cache is the reference: a budget for the whole input plus the prompt's
+    frame and the generated tokens (llama.cpp rounds caches up to 256 cells)."""
+    return budget if policy != "full" else length + extra
+
+
+def passkey(
+    engine: Engine,
+    policy: str,
+    budget: int,
+    length: int,
+    depth: float,
+    key: int,
+    haystack: str,
+    offset: int = 0,
+    max_tokens: int = 8,
+) -> dict[str, Any]:
+    """Pass key retrieval: is the key in the greedy answer?"""
+    doc = (
+        filler_haystack(length, depth, key)
+        if haystack == "filler"
+        else real_haystack(engine, length, depth, key, offset)
+    )
+    prompt = Prompt(PASSKEY_PREFIX, doc, PASSKEY_SUFFIX, (), True)
+    monitor = MemoryMonitor()
+    start = time.perf_counter()
+    with engine.session(policy, _budget_for(policy, budget, length, 96 + max_tokens)) as s:
+        done = _drain(s.run(prompt, max_tokens=max_tokens, stops=()), monitor)
+    monitor.close()
+    return {
+        "task": f"passkey_{haystack}",
+        "depth": depth,
+        "hit": str(key) in done.text,
+        "answer": done.text.strip()[:40],
+        **_figures(done.stats, monitor, time.perf_counter() - start),
+    }
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def continuation_logprobs(
+    engine: Engine, policy: str, budget: int, doc: list[int], cont: list[int]
+) -> tuple[np.ndarray, KVStats, float]:
+    """Teacher-forced log-probabilities over ``cont`` after reading ``doc``."""
+    blocks = []
+    start = time.perf_counter()
+    with engine.session(policy, _budget_for(policy, budget, len(doc) + len(cont), 16)) as s:
+        for _ in s.feed(doc, logits=False):
+            pass
+        for block in s.teacher_force(cont):
+            blocks.append(_log_softmax(block))
+        stats = s.stats
+    return np.concatenate(blocks), stats, time.perf_counter() - start
+
+
+def fidelity(
+    engine: Engine, policy: str, budget: int, doc: list[int], cont: list[int], reference: np.ndarray
+) -> dict[str, Any]:
+    """Mean KL(full || policy) of the next-token distribution, and top-1 agreement,
+    teacher-forced over ``cont`` (units: nats; fraction)."""
+    monitor = MemoryMonitor()
+    logp, stats, wall = continuation_logprobs(engine, policy, budget, doc, cont)
+    monitor.sample()
+    monitor.close()
+    p_ref = np.exp(reference)
+    kl = (p_ref * (reference - logp)).sum(axis=1)
+    top1 = (reference.argmax(axis=1) == logp.argmax(axis=1)).mean()
+    return {
+        "task": "fidelity",
+        "kl_mean": float(kl.mean()),
+        "top1_agreement": float(top1),
+        "continuation_tokens": len(cont),
+        **_figures(stats, monitor, wall),
+    }
+
+
+def summary(
+    engine: Engine, policy: str, budget: int, length: int, doc: str, max_tokens: int
+) -> tuple[str, dict[str, Any]]:
+    """A greedy summary of ``doc``; the caller scores it against the full cache's."""
+    monitor = MemoryMonitor()
+    start = time.perf_counter()
+    with engine.session(policy, _budget_for(policy, budget, length, 96 + max_tokens)) as s:
+        done = _drain(
+            s.run(summary_prompt(engine.model, doc), max_tokens=max_tokens, stops=()), monitor
+        )
+    monitor.close()
+    record = {"task": "summary", **_figures(done.stats, monitor, time.perf_counter() - start)}
+    return done.text.strip(), record
