@@ -33,6 +33,7 @@ class NativeContext:
         n_batch: int,
         n_threads: int,
         capture: AttentionCapture | None,
+        flash_attn: bool | None = None,
     ) -> None:
         self.model = model
         self.capture = capture
@@ -47,6 +48,12 @@ class NativeContext:
         params.n_threads_batch = n_threads
         params.swa_full = True  # removing and shifting positions needs the full SWA cache
         params.no_perf = True
+        if flash_attn is not None:
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flash_attn
+                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
         if capture is not None:
             # the attention probabilities exist only without flash attention
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

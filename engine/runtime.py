@@ -40,6 +40,7 @@ class Engine:
         chunk_tokens: int | None = None,
         question_aware: bool = True,
         positions: str = "compact",
+        flash_attn: str = "auto",
         max_position: int | None = None,
         **policy_settings: Any,
     ) -> Session:
@@ -51,6 +52,7 @@ class Engine:
             chunk_tokens=chunk_tokens,
             question_aware=question_aware,
             positions=positions,
+            flash_attn=flash_attn,
             max_position=max_position,
             n_threads=self.n_threads,
         )

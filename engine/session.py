@@ -29,6 +29,8 @@ from .sampling import Sampler, Sampling, StopMatcher
 from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
 
 MIN_CHUNK = 16
+CACHE_PAD = 256  # llama.cpp allocates KV caches in multiples of 256 cells
+MAX_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch)
 POSITION_MODES = ("compact", "original")
 """After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
 as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
@@ -51,8 +53,11 @@ class SessionConfig:
     positions: str = "compact"
     max_position: int | None = None
     n_threads: int | None = None
+    flash_attn: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise ConfigError("flash_attn must be auto, on or off")
         if self.positions not in POSITION_MODES:
             raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
 
@@ -60,7 +65,7 @@ class SessionConfig:
         return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     try:
         import psutil
 
@@ -95,15 +100,23 @@ class Session:
                     f"{model.info.arch} see the whole cache; use streaming or full"
                 )
             self.capture = AttentionCapture(model.info.global_layers)
-        n_ctx = budget + chunk if policy.evicts else budget
+        # llama.cpp rounds the cache up to CACHE_PAD cells; the rounding becomes headroom
+        n_ctx = -(-(budget + chunk if policy.evicts else budget) // CACHE_PAD) * CACHE_PAD
         if n_ctx >= self.max_position:
             raise ConfigError(f"budget + chunk ({n_ctx}) must be below {self.max_position}")
+        room = n_ctx - budget if policy.evicts else n_ctx
+        flash = None if self.capture is None else False
+        if config.flash_attn != "auto":
+            if self.capture is not None and config.flash_attn == "on":
+                raise ConfigError(f"{policy.name} reads attention, which needs flash attention off")
+            flash = config.flash_attn == "on"
         self.ctx = NativeContext(
             model,
             n_ctx=n_ctx,
-            n_batch=min(chunk, n_ctx),
-            n_threads=config.n_threads or _default_threads(),
+            n_batch=min(room, MAX_BATCH),
+            n_threads=config.n_threads or default_threads(),
             capture=self.capture,
+            flash_attn=flash,
         )
         self.budget = budget
         self.cache = KVCache(self.ctx, track_cells=self.capture is not None)

@@ -14,22 +14,16 @@ import random
 import time
 
 from engine import Engine, Prompt, Session
-
-JUNK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-PREFIX = (
-    "There is an important info hidden inside a lot of irrelevant text. "
-    "Find it and memorize them. I will quiz you about the important information there."
-)
-SUFFIX = " What is the pass key? The pass key is"
+from engine.bench.tasks import FILLER
+from engine.bench.tasks import PASSKEY_PREFIX as PREFIX
+from engine.bench.tasks import PASSKEY_SUFFIX as SUFFIX
 
 
 def document(n_junk: int, depth: float, key: int) -> str:
+    """The passkey haystack with ``n_junk`` filler groups (24 tokens each)."""
     at = int(n_junk * depth)
-    return (
-        JUNK * at
-        + f"The pass key is {key}. Remember it. {key} is the pass key. "
-        + JUNK * (n_junk - at)
-    )
+    line = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    return FILLER * at + line + FILLER * (n_junk - at)
 
 
 def main() -> None:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import random
 
-JUNK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-PASSKEY_PREFIX = (
-    "There is an important info hidden inside a lot of irrelevant text. "
-    "Find it and memorize them. I will quiz you about the important information there."
-)
-PASSKEY_SUFFIX = " What is the pass key? The pass key is"
+from engine.bench.tasks import FILLER as JUNK
+from engine.bench.tasks import PASSKEY_PREFIX, PASSKEY_SUFFIX
+
+__all__ = [
+    "JUNK",
+    "PASSKEY_PREFIX",
+    "PASSKEY_SUFFIX",
+    "passkey_document",
+    "passkey_key",
+    "prose",
+    "text_pdf",
+]
 
 
 def passkey_document(n_junk: int, depth: float, key: int) -> str:

@@ -57,9 +57,9 @@ def test_cell_map_matches_llama_cpp_after_many_evictions(engine, monkeypatch, po
     llama_log.addHandler(handler)
     try:
         session = engine.session(
-            "snapkv", 96, chunk_tokens=32, positions=positions, question_aware=False
+            "snapkv", 200, chunk_tokens=56, positions=positions, question_aware=False
         )
-        tokens = engine.model.tokenize(prose(120, seed=3), add_bos=True)
+        tokens = engine.model.tokenize(prose(160, seed=3), add_bos=True)
         assert len(tokens) > 1000
         expected: list[dict[int, int]] = [{}]
         for event in session.feed(tokens, logits=False):

@@ -52,6 +52,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, metavar="PATH")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite report.md and the plots from OUT/results.json",
+    )
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
@@ -81,6 +86,13 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
+    if args.report_only:
+        import json
+
+        result = json.loads((args.out / "results.json").read_text())
+        path = report.write(result, args.out, result.get("command", "kvtrim bench"))
+        out.write(f"wrote {path}\n")
+        return 0
     cfg = config_from(args)
     total = steps_total(cfg)
     bar = tqdm(total=total, file=err, disable=not err.isatty(), unit="run")
@@ -95,9 +107,9 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write(f"[{done}/{total}] {label}\n")
             err.flush()
 
-    result = run(cfg, args.out, step)
-    bar.close()
     command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result = run(cfg, args.out, step, command)
+    bar.close()
     path = report.write(result, args.out, command)
     out.write(f"wrote {args.out / 'results.json'} and {path}\n")
     for name, measured, ok in report.targets(result):

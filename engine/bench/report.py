@@ -186,6 +186,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     names = []
     q = quality_rows(result["records"])
@@ -203,6 +204,8 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         ax.set_title(f"Passkey accuracy, {title}")
         ax.set_xlabel("budget (KV cells)")
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylim(-0.05, 1.05)
     axes[0].set_ylabel("accuracy")
     axes[1].legend()
     fig.tight_layout()
@@ -211,19 +214,43 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     plt.close(fig)
 
     s = scaling_rows(result["records"])
+    styles = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
     for key, ylabel, fname, scale in (
         ("kv_bytes_peak", "KV cache held (MB)", "kv_memory_vs_length.png", _MB),
         ("decode_tokens_per_s", "decode tokens/s", "decode_speed_vs_length.png", 1),
     ):
         fig, ax = plt.subplots(figsize=(6.5, 4))
-        for policy in dict.fromkeys(r["policy"] for r in s):
+        if key == "kv_bytes_peak":
+            need = sorted(
+                {
+                    (r["length"], r["kv_bytes_full"])
+                    for r in s
+                    if r.get("kv_bytes_full") and r["policy"] == "full"
+                }
+            )
+            ax.plot(
+                [x for x, _ in need],
+                [y / scale for _, y in need],
+                color="grey",
+                ls=":",
+                label="full cache needed",
+            )
+        for i, policy in enumerate(dict.fromkeys(r["policy"] for r in s)):
             rs = [r for r in s if r["policy"] == policy and r.get(key) is not None]
             if not rs:
                 continue
-            ax.plot([r["length"] for r in rs], [r[key] / scale for r in rs], "o-", label=policy)
+            ax.plot(
+                [r["length"] for r in rs],
+                [r[key] / scale for r in rs],
+                styles[i % len(styles)],
+                label=policy,
+                alpha=0.85,
+            )
         ax.set_xlabel("document length (tokens)")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()

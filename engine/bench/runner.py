@@ -20,7 +20,9 @@ from typing import Any
 
 import psutil
 
+from ..policies import POLICIES
 from ..runtime import Engine
+from ..session import default_threads
 from . import tasks, texts
 from .reference import plain_llama
 
@@ -90,9 +92,12 @@ def _quality(
     )
     fid_cont = fid_cont[: cfg.continuation]
     summary_doc = tasks.real_text(engine, cfg.length, 200_000 + cfg.seed * 7919)
-    reference_logp = None
-    reference_summary = ""
+    # the reference is the full cache in the same numeric mode as the policy: policies
+    # that read attention run without flash attention, which alone moves greedy tokens
+    reference_logp: dict[str, Any] = {}
+    reference_summary: dict[str, str] = {}
     for policy in cfg.policies:
+        mode = "off" if POLICIES[policy].needs_attention else "auto"
         budgets = cfg.budget_cells() if policy != "full" else [cfg.length]
         for budget in budgets:
             base = {
@@ -123,25 +128,28 @@ def _quality(
                             }
                         )
             step(f"{policy} budget={budget} fidelity")
-            if reference_logp is None:
-                reference_logp, _, _ = tasks.continuation_logprobs(
-                    engine, "full", 0, fid_doc, fid_cont
+            if mode not in reference_logp:
+                reference_logp[mode], _, _ = tasks.continuation_logprobs(
+                    engine, "full", 0, fid_doc, fid_cont, flash_attn=mode
                 )
             emit(
                 {
                     **base,
-                    **tasks.fidelity(engine, policy, budget, fid_doc, fid_cont, reference_logp),
+                    "reference_flash_attn": mode,
+                    **tasks.fidelity(
+                        engine, policy, budget, fid_doc, fid_cont, reference_logp[mode]
+                    ),
                 }
             )
             step(f"{policy} budget={budget} summary")
-            if not reference_summary:
-                reference_summary, _ = tasks.summary(
-                    engine, "full", 0, cfg.length, summary_doc, cfg.summary_tokens
+            if mode not in reference_summary:
+                reference_summary[mode], _ = tasks.summary(
+                    engine, "full", 0, cfg.length, summary_doc, cfg.summary_tokens, mode
                 )
             text, record = tasks.summary(
                 engine, policy, budget, cfg.length, summary_doc, cfg.summary_tokens
             )
-            rouge = scorer.score(reference_summary, text)["rougeL"].fmeasure
+            rouge = scorer.score(reference_summary[mode], text)["rougeL"].fmeasure
             emit({**base, **record, "rouge_l": rouge, "summary": text[:300]})
 
 
@@ -185,7 +193,11 @@ def _scaling(
                     "budget_tokens": len(tokens),
                     "length": length,
                     **plain_llama(
-                        engine.model.info.path, tokens, cfg.decode_tokens, flash, cfg.threads
+                        engine.model.info.path,
+                        tokens,
+                        cfg.decode_tokens,
+                        flash,
+                        cfg.threads or default_threads(),
                     ),
                 }
             )
@@ -208,7 +220,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run(cfg: BenchConfig, out_dir: Path, step: Progress) -> dict[str, Any]:
+def run(cfg: BenchConfig, out_dir: Path, step: Progress, command: str = "") -> dict[str, Any]:
     """Run both experiments; write ``results.json``; return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
@@ -218,6 +230,7 @@ def run(cfg: BenchConfig, out_dir: Path, step: Progress) -> dict[str, Any]:
         _quality(engine, cfg, records.append, step)
         _scaling(engine, cfg, records.append, step)
     result = {
+        "command": command,
         "config": asdict(cfg),
         "model": {
             "name": info.name,

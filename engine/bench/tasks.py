@@ -136,12 +136,18 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def continuation_logprobs(
-    engine: Engine, policy: str, budget: int, doc: list[int], cont: list[int]
+    engine: Engine,
+    policy: str,
+    budget: int,
+    doc: list[int],
+    cont: list[int],
+    flash_attn: str = "auto",
 ) -> tuple[np.ndarray, KVStats, float]:
     """Teacher-forced log-probabilities over ``cont`` after reading ``doc``."""
     blocks = []
     start = time.perf_counter()
-    with engine.session(policy, _budget_for(policy, budget, len(doc) + len(cont), 16)) as s:
+    size = _budget_for(policy, budget, len(doc) + len(cont), 16)
+    with engine.session(policy, size, flash_attn=flash_attn) as s:
         for _ in s.feed(doc, logits=False):
             pass
         for block in s.teacher_force(cont):
@@ -172,12 +178,19 @@ def fidelity(
 
 
 def summary(
-    engine: Engine, policy: str, budget: int, length: int, doc: str, max_tokens: int
+    engine: Engine,
+    policy: str,
+    budget: int,
+    length: int,
+    doc: str,
+    max_tokens: int,
+    flash_attn: str = "auto",
 ) -> tuple[str, dict[str, Any]]:
     """A greedy summary of ``doc``; the caller scores it against the full cache's."""
     monitor = MemoryMonitor()
     start = time.perf_counter()
-    with engine.session(policy, _budget_for(policy, budget, length, 96 + max_tokens)) as s:
+    size = _budget_for(policy, budget, length, 96 + max_tokens)
+    with engine.session(policy, size, flash_attn=flash_attn) as s:
         done = _drain(
             s.run(summary_prompt(engine.model, doc), max_tokens=max_tokens, stops=()), monitor
         )
