@@ -64,6 +64,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         "positions they were read at (original, as in the papers)",
     )
     p.add_argument(
+        "--flash-attn",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="flash attention (policies that read attention always run without it)",
+    )
+    p.add_argument(
         "--answer-prefix",
         default="",
         metavar="TEXT",
@@ -137,6 +143,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             chunk_tokens=args.chunk,
             question_aware=not args.no_question_aware,
             positions=args.positions,
+            flash_attn=args.flash_attn,
         )
         with session:
             _install_sigint(session)
