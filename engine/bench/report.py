@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 _MB = 2**20
+STYLES = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
 
 
 def _mean(values: list[float]) -> float:
@@ -52,6 +53,13 @@ def _fmt(v: Any, spec: str) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "n/a"
     return format(v, spec)
+
+
+def _gpu_line(records: list[dict[str, Any]]) -> str:
+    peaks = [r["gpu_peak_bytes"] for r in records if r.get("gpu_peak_bytes")]
+    if not peaks:
+        return "no NVIDIA GPU seen by NVML, so memory is the KV bytes and process RSS"
+    return f"NVML peak {max(peaks) / _MB:.0f} MB used on the device"
 
 
 def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
@@ -132,6 +140,7 @@ def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
         f"Model: {result['model']['name']} ({result['model']['arch']}), "
         f"{result['model']['kv_bytes_per_cell'] / 1024:.0f} KiB of KV per token.  ",
         f"Real text: {result['text_source']}.  ",
+        f"GPU: {_gpu_line(result['records'])}.  ",
         f"Took {result['elapsed_s'] / 60:.1f} minutes.",
         "",
         f"## Quality at {cfg['length']} tokens",
@@ -195,12 +204,22 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         (axes[0], "passkey_filler", "filler haystack"),
         (axes[1], "passkey_real", "real-text haystack"),
     ):
+        policies = [p for p in dict.fromkeys(r["policy"] for r in q) if p != "full"]
         for policy in dict.fromkeys(r["policy"] for r in q):
             rs = sorted((r for r in q if r["policy"] == policy), key=lambda r: r["budget_tokens"])
             if policy == "full":
                 ax.axhline(rs[0][key], color="grey", ls="--", label="full cache")
                 continue
-            ax.plot([r["budget_tokens"] for r in rs], [r[key] for r in rs], "o-", label=policy)
+            # a small vertical offset per policy keeps equal scores visible
+            i = policies.index(policy)
+            offset = (i - (len(policies) - 1) / 2) * 0.012
+            ax.plot(
+                [r["budget_tokens"] for r in rs],
+                [r[key] + offset for r in rs],
+                STYLES[i % len(STYLES)],
+                label=policy,
+                alpha=0.85,
+            )
         ax.set_title(f"Passkey accuracy, {title}")
         ax.set_xlabel("budget (KV cells)")
         ax.set_xscale("log", base=2)
@@ -214,7 +233,6 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     plt.close(fig)
 
     s = scaling_rows(result["records"])
-    styles = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
     for key, ylabel, fname, scale in (
         ("kv_bytes_peak", "KV cache held (MB)", "kv_memory_vs_length.png", _MB),
         ("decode_tokens_per_s", "decode tokens/s", "decode_speed_vs_length.png", 1),
@@ -242,7 +260,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
             ax.plot(
                 [r["length"] for r in rs],
                 [r[key] / scale for r in rs],
-                styles[i % len(styles)],
+                STYLES[i % len(STYLES)],
                 label=policy,
                 alpha=0.85,
             )
