@@ -1,0 +1,91 @@
+"""The app's settings: one typed object, versioned, stored as JSON in the user's
+config folder and written atomically (a crash never leaves half a file)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from engine.policies import POLICIES
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Settings:
+    """What the settings panel edits. Defaults suit the embedded model on a CPU."""
+
+    model_path: str = ""  # empty: the embedded default model
+    gpu_layers: int = 0
+    threads: int = 0  # 0: one per physical core
+    policy: str = "snapkv"
+    budget_tokens: int = 1024
+    n_sink: int = 4
+    recent_tokens: int = 32
+    window_tokens: int = 32
+    max_tokens: int = 256
+    temperature: float = 0.0
+    system_prompt: str = ""
+    theme: str = "system"  # system, light or dark
+
+    def validated(self) -> Settings:
+        """A copy with out-of-range values replaced by defaults."""
+        d = Settings()
+        out = Settings(**asdict(self))
+        if out.policy not in POLICIES:
+            out.policy = d.policy
+        if out.budget_tokens < 64:
+            out.budget_tokens = d.budget_tokens
+        if out.theme not in ("system", "light", "dark"):
+            out.theme = d.theme
+        out.gpu_layers = max(0, out.gpu_layers)
+        out.threads = max(0, out.threads)
+        return out
+
+
+def load(path: Path) -> Settings:
+    """Settings from ``path``; missing, unreadable or foreign files give defaults."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return Settings()
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA_VERSION:
+        return Settings()
+    known = {f.name: f.type for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    default = Settings()
+    for name in known:
+        if name in raw and isinstance(raw[name], type(getattr(default, name))):
+            values[name] = raw[name]
+    return Settings(**values).validated()
+
+
+def save(settings: Settings, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps({"schema": SCHEMA_VERSION, **asdict(settings)}, indent=1)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def default_paths() -> tuple[Path, Path]:
+    """(settings file, history database) in the user's config and data folders."""
+    import platformdirs
+
+    config = Path(platformdirs.user_config_dir("kvtrim", appauthor=False))
+    data = Path(platformdirs.user_data_dir("kvtrim", appauthor=False))
+    return config / "settings.json", data / "history.sqlite3"
