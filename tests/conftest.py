@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Qt tests run headless; set before pytest-qt creates the QApplication
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from engine import Engine
 

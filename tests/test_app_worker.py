@@ -1,0 +1,138 @@
+"""The engine worker in its QThread: events arrive as queued signals, errors as
+messages, cancel works; a fake engine for most, the real model for one."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.worker import Job, WorkerThread
+from engine import Cancelled, Done, KVStats, ModelError, Progress, Token
+
+
+def _stats() -> KVStats:
+    return KVStats(policy="fake", budget_tokens=64, n_ctx=128, kv_bytes_per_cell=1)
+
+
+class FakeSession:
+    def __init__(self, steps: int, delay: float) -> None:
+        self.steps, self.delay = steps, delay
+        self.stop = threading.Event()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def cancel(self) -> None:
+        self.stop.set()
+
+    def ask(self, document, question, max_tokens):
+        for i in range(self.steps):
+            if self.stop.is_set():
+                raise Cancelled("cancelled")
+            time.sleep(self.delay)
+            yield Progress(i + 1, self.steps, _stats())
+        yield Token(1, "forty-two", _stats())
+        yield Done("forty-two", "stop", _stats())
+
+    summarize = None
+
+
+class FakeEngine:
+    model_name = "Fake 1B"
+
+    def __init__(self, steps: int = 3, delay: float = 0.0) -> None:
+        self.steps, self.delay, self.closed = steps, delay, False
+
+    def session(self, policy, budget, **settings):
+        return FakeSession(self.steps, self.delay)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+JOB = Job("ask", "a document", "a question?", "snapkv", 256, 8)
+
+
+@pytest.fixture
+def worker_thread():
+    holder: dict[str, object] = {}
+
+    def make(factory):
+        holder["w"] = WorkerThread(factory)
+        return holder["w"]
+
+    yield make
+    if "w" in holder:
+        holder["w"].stop()
+
+
+def test_events_arrive_on_the_gui_thread(qtbot, worker_thread):
+    wt = worker_thread(lambda path, layers, threads: FakeEngine())
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=5000) as loaded:
+        wt.requests.load_model.emit(None, 0, None)
+    assert loaded.args == ["Fake 1B"]
+    seen: list[tuple[object, bool]] = []
+    wt.results.event.connect(
+        lambda e: seen.append((e, threading.current_thread() is threading.main_thread()))
+    )
+    with qtbot.waitSignal(wt.results.busy, timeout=5000, check_params_cb=lambda b: not b):
+        wt.requests.run.emit(JOB)
+    assert [type(e).__name__ for e, _ in seen] == ["Progress"] * 3 + ["Token", "Done"]
+    assert all(on_main for _, on_main in seen)
+
+
+def test_cancel_stops_a_running_job(qtbot, worker_thread):
+    wt = worker_thread(lambda path, layers, threads: FakeEngine(steps=500, delay=0.01))
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
+        wt.requests.load_model.emit(None, 0, None)
+    with qtbot.waitSignal(wt.results.event, timeout=5000):
+        wt.requests.run.emit(JOB)
+    start = time.perf_counter()
+    with qtbot.waitSignal(wt.results.cancelled, timeout=5000):
+        wt.worker.cancel()
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_bad_model_is_a_message_and_the_worker_recovers(qtbot, worker_thread):
+    calls = []
+
+    def factory(path, layers, threads):
+        calls.append(path)
+        if path == "broken.gguf":
+            raise ModelError("not a GGUF model file: broken.gguf")
+        return FakeEngine()
+
+    wt = worker_thread(factory)
+    with qtbot.waitSignal(wt.results.failed, timeout=5000) as failed:
+        wt.requests.load_model.emit("broken.gguf", 0, None)
+    assert failed.args == ["not a GGUF model file: broken.gguf"]
+    with qtbot.waitSignal(wt.results.failed, timeout=5000) as failed:
+        wt.requests.run.emit(JOB)
+    assert failed.args == ["no model is loaded"]
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
+        wt.requests.load_model.emit(None, 0, None)
+
+
+def test_real_model_answers_through_the_worker(qtbot, worker_thread):
+    wt = worker_thread(None)
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=60_000) as loaded:
+        wt.requests.load_model.emit(None, 0, None)
+    assert loaded.args == ["Gemma 3 270m"]
+    done = []
+    wt.results.event.connect(lambda e: done.append(e) if isinstance(e, Done) else None)
+    job = Job(
+        "ask",
+        "Clara repaired the bicycle on Tuesday. " * 40,
+        "Who repaired the bicycle?",
+        "snapkv",
+        128,
+        8,
+    )
+    with qtbot.waitSignal(wt.results.busy, timeout=60_000, check_params_cb=lambda b: not b):
+        wt.requests.run.emit(job)
+    assert done and done[0].stats.evicted_tokens > 0 and done[0].stats.generated_tokens > 0
