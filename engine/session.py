@@ -200,7 +200,8 @@ class Session:
         window = list(observe) if self._question_aware() else []
         reserve = len(window)
         # the question only needs physical cells; the document's chunks keep to capacity
-        room = min(self.capacity, self.ctx.n_ctx - reserve) - self.budget
+        limit = min(self.capacity, self.ctx.n_ctx - reserve)
+        room = limit - self.budget
         if self.policy.evicts and room < 1:
             raise ConfigError(
                 f"budget {self.budget} leaves no room for a {reserve}-token question; "
@@ -210,10 +211,10 @@ class Session:
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
             while done < total:
-                free = min(self.capacity, self.ctx.n_ctx - reserve) - self.cache.n_used
+                free = limit - self.cache.n_used
                 if free < min(room, total - done) or free < 1:
                     yield from self._evict(window)
-                    free = min(self.capacity, self.ctx.n_ctx - reserve) - self.cache.n_used
+                    free = limit - self.cache.n_used
                 n = min(total - done, free, self.ctx.n_batch)
                 last = done + n == total
                 self._decode(tokens[done : done + n], logits=logits and last, every=every)
