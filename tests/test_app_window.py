@@ -1,0 +1,100 @@
+"""The main window with a fake engine: documents, streaming answers, policy switch,
+errors that leave the app usable, graphs that receive samples, history on reopen."""
+
+from __future__ import annotations
+
+import pytest
+from test_app_worker import FakeEngine
+
+from app.settings import Settings
+from app.store import Store
+from app.window import MainWindow
+from app.worker import WorkerThread
+
+
+class RecordingEngine(FakeEngine):
+    def __init__(self) -> None:
+        super().__init__(steps=4)
+        self.policies: list[str] = []
+
+    def session(self, policy, budget, **settings):
+        self.policies.append(policy)
+        s = super().session(policy, budget)
+        s.summarize = lambda document, max_tokens: s.ask(document, "", max_tokens)
+        return s
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    engine = RecordingEngine()
+    wt = WorkerThread(lambda path, layers, threads: engine)
+    store = Store(tmp_path / "h.sqlite3")
+    w = MainWindow(wt, store, Settings())
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.model_name == "Fake 1B", timeout=5000)
+    w.engine = engine
+    yield w
+    w.close()
+
+
+def _wait_idle(qtbot, w):
+    """Until the answer to the last user message is stored and the worker is idle."""
+
+    def answered() -> bool:
+        msgs = w.store.messages(w.conversation.id) if w.conversation else []
+        return bool(msgs) and msgs[-1].role == "assistant" and w.send_button.isEnabled()
+
+    qtbot.waitUntil(answered, timeout=5000)
+
+
+def test_attach_and_summarize_streams_into_the_chat(qtbot, window, tmp_path):
+    doc = tmp_path / "notes.txt"
+    doc.write_text("Clara repaired the bicycle. " * 50)
+    assert window.attach(doc)
+    assert "notes.txt" in window.doc_label.text()
+    window.summarize()
+    _wait_idle(qtbot, window)
+    text = window.chat.toPlainText()
+    assert "Summarize notes.txt" in text and "forty-two" in text
+    assert len(window.graphs.samples) >= 4
+    assert "fake" in text  # the footer names the policy that answered
+
+
+def test_policy_switch_applies_to_the_next_message(qtbot, window):
+    window.input.setPlainText("first?")
+    window.send()
+    _wait_idle(qtbot, window)
+    window.policy.setCurrentText("h2o")
+    window.input.setPlainText("second?")
+    window.send()
+    _wait_idle(qtbot, window)
+    assert window.engine.policies == ["snapkv", "h2o"]
+    assert "h2o" in window.statusBar().currentMessage()
+
+
+def test_bad_file_shows_an_error_and_the_app_stays_usable(qtbot, window, tmp_path):
+    bad = tmp_path / "blob.pdf"
+    bad.write_bytes(b"not a pdf")
+    assert not window.attach(bad)
+    assert "not a readable PDF" in window.error.text()
+    window.input.setPlainText("still there?")
+    window.send()
+    _wait_idle(qtbot, window)
+    assert "forty-two" in window.chat.toPlainText()
+
+
+def test_history_survives_reopening(qtbot, tmp_path):
+    store = Store(tmp_path / "h.sqlite3")
+    wt = WorkerThread(lambda path, layers, threads: FakeEngine())
+    w = MainWindow(wt, store, Settings())
+    qtbot.addWidget(w)
+    w.input.setPlainText("remember me")
+    w.send()
+    _wait_idle(qtbot, w)
+    w.close()
+    store.close()
+    store2 = Store(tmp_path / "h.sqlite3")
+    w2 = MainWindow(WorkerThread(lambda path, layers, threads: FakeEngine()), store2, Settings())
+    qtbot.addWidget(w2)
+    assert "remember me" in w2.chat.toPlainText() and "forty-two" in w2.chat.toPlainText()
+    w2.close()
