@@ -80,7 +80,10 @@ def test_events_arrive_on_the_gui_thread(qtbot, worker_thread):
     wt.results.event.connect(
         lambda e: seen.append((e, threading.current_thread() is threading.main_thread()))
     )
-    with qtbot.waitSignal(wt.results.busy, timeout=5000, check_params_cb=lambda b: not b):
+    # wait for Done, not busy(False): the load's own busy(False) may still be queued
+    with qtbot.waitSignal(
+        wt.results.event, timeout=5000, check_params_cb=lambda e: isinstance(e, Done)
+    ):
         wt.requests.run.emit(JOB)
     assert [type(e).__name__ for e, _ in seen] == ["Progress"] * 3 + ["Token", "Done"]
     assert all(on_main for _, on_main in seen)
@@ -133,6 +136,8 @@ def test_real_model_answers_through_the_worker(qtbot, worker_thread):
         128,
         8,
     )
-    with qtbot.waitSignal(wt.results.busy, timeout=60_000, check_params_cb=lambda b: not b):
+    with qtbot.waitSignal(
+        wt.results.event, timeout=60_000, check_params_cb=lambda e: isinstance(e, Done)
+    ):
         wt.requests.run.emit(job)
     assert done and done[0].stats.evicted_tokens > 0 and done[0].stats.generated_tokens > 0
