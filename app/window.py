@@ -144,6 +144,7 @@ class MainWindow(QMainWindow):
         for w, stretch in ((left, 1), (center, 4), (right, 2)):
             split.addWidget(w)
             split.setStretchFactor(split.count() - 1, stretch)
+        split.setSizes([220, 640, 420])
         self.setCentralWidget(split)
 
     def _connect(self) -> None:
