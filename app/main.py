@@ -19,7 +19,7 @@ def run_app(argv: Sequence[str] = ()) -> int:
     app.setApplicationName("kvtrim")
     settings_path, history_path = default_paths()
     store = Store(history_path)
-    window = MainWindow(WorkerThread(), store, load(settings_path))
+    window = MainWindow(WorkerThread(), store, load(settings_path), settings_path)
     window.show()
     code = app.exec()
     store.close()

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -31,9 +32,10 @@ from PySide6.QtWidgets import (
 
 from engine import DocumentError, Done, Evicted, Progress, Token
 from engine.documents import load_document
+from engine.monitor import MemoryMonitor
 
 from .graphs import MemoryGraphs
-from .settings import Settings
+from .settings import Settings, save
 from .store import Store
 from .worker import Job, WorkerThread
 
@@ -66,9 +68,17 @@ class _Input(QPlainTextEdit):
 class MainWindow(QMainWindow):
     """Everything a user sees; ``worker`` runs the engine, ``store`` keeps history."""
 
-    def __init__(self, worker: WorkerThread, store: Store, settings: Settings) -> None:
+    def __init__(
+        self,
+        worker: WorkerThread,
+        store: Store,
+        settings: Settings,
+        settings_path: Path | None = None,
+    ) -> None:
         super().__init__()
         self.worker, self.store, self.settings = worker, store, settings
+        self.settings_path = settings_path
+        self.monitor = MemoryMonitor()
         self.document_text = ""
         self.document_name = ""
         self.answer = ""
@@ -81,6 +91,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self._refresh_conversations()
         self._render()
+        self._sample_memory()
         worker.requests.load_model.emit(
             settings.model_path or None, settings.gpu_layers, settings.threads or None
         )
@@ -91,10 +102,20 @@ class MainWindow(QMainWindow):
         self.conversations = QListWidget()
         new = QPushButton("New chat")
         new.clicked.connect(self.new_chat)
+        self.rename_button = QPushButton("Rename")
+        self.delete_button = QPushButton("Delete")
+        self.export_button = QPushButton("Export…")
+        self.rename_button.clicked.connect(self._rename_dialog)
+        self.delete_button.clicked.connect(self.delete_chat)
+        self.export_button.clicked.connect(self._export_dialog)
+        row = QHBoxLayout()
+        for b in (self.rename_button, self.delete_button, self.export_button):
+            row.addWidget(b)
         left = QWidget()
         lv = QVBoxLayout(left)
         lv.addWidget(new)
         lv.addWidget(self.conversations)
+        lv.addLayout(row)
 
         self.chat = QTextBrowser()
         self.chat.setOpenExternalLinks(True)
@@ -139,6 +160,9 @@ class MainWindow(QMainWindow):
         form.addRow(self.policy_help)
         form.addRow("KV budget", self.budget)
         form.addRow(self.graphs)
+        self.memory = QLabel()
+        self.memory.setWordWrap(True)
+        form.addRow(self.memory)
 
         split = QSplitter()
         for w, stretch in ((left, 1), (center, 4), (right, 2)):
@@ -160,6 +184,7 @@ class MainWindow(QMainWindow):
         self.attach_button.clicked.connect(self._pick_file)
         self.policy.currentTextChanged.connect(self._policy_changed)
         self.budget.valueChanged.connect(self._update_status)
+        self.budget.valueChanged.connect(self._save_settings)
         self.conversations.currentItemChanged.connect(self._select_conversation)
         QShortcut(QKeySequence("Ctrl+N"), self, self.new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
@@ -205,6 +230,58 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         self.worker.worker.cancel()
 
+    def rename_chat(self, title: str) -> None:
+        if self.conversation is not None and title.strip():
+            self.store.rename(self.conversation.id, title)
+            self._refresh_conversations()
+
+    def delete_chat(self) -> None:
+        if self.conversation is None:
+            return
+        self.store.delete(self.conversation.id)
+        rest = self.store.conversations()
+        self.conversation = rest[0] if rest else None
+        self._refresh_conversations()
+        self._render()
+
+    def export_chat(self, path: Path) -> None:
+        if self.conversation is not None:
+            path.write_text(self.store.export_markdown(self.conversation.id), encoding="utf-8")
+
+    def _rename_dialog(self) -> None:
+        if self.conversation is None:
+            return
+        title, ok = QInputDialog.getText(
+            self, "Rename chat", "Title:", text=self.conversation.title
+        )
+        if ok:
+            self.rename_chat(title)
+
+    def _export_dialog(self) -> None:
+        if self.conversation is None:
+            return
+        name, _ = QFileDialog.getSaveFileName(self, "Export chat", "chat.md", "Markdown (*.md)")
+        if name:
+            self.export_chat(Path(name))
+
+    def _save_settings(self) -> None:
+        self.settings.policy = self.policy.currentText()
+        self.settings.budget_tokens = self.budget.value()
+        if self.settings_path is not None:
+            save(self.settings, self.settings_path)
+
+    def _sample_memory(self) -> None:
+        sample = self.monitor.sample()
+        text = f"Process RAM {sample.rss_bytes / 2**20:.0f} MB"
+        if sample.gpus:
+            text += " · " + " · ".join(
+                f"{g.name}: {g.used_bytes / 2**20:.0f} / {g.total_bytes / 2**20:.0f} MB"
+                for g in sample.gpus
+            )
+        else:
+            text += " · no NVIDIA GPU"
+        self.memory.setText(text)
+
     def _start(self, kind: str, user_text: str) -> None:
         if self.conversation is None:
             self.new_chat()
@@ -242,6 +319,7 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     def _on_event(self, event: object) -> None:
+        self._sample_memory()
         if isinstance(event, Progress):
             self.progress.setVisible(True)
             self.progress.setMaximum(max(event.total, 1))
@@ -289,6 +367,7 @@ class MainWindow(QMainWindow):
     def _policy_changed(self, name: str) -> None:
         self.policy_help.setText(POLICY_HELP[name])
         self._update_status()
+        self._save_settings()
 
     def _update_status(self) -> None:
         self.statusBar().showMessage(
@@ -345,4 +424,5 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: object) -> None:
         self.worker.stop()
+        self.monitor.close()
         super().closeEvent(event)  # type: ignore[arg-type]

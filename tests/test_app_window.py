@@ -98,3 +98,27 @@ def test_history_survives_reopening(qtbot, tmp_path):
     qtbot.addWidget(w2)
     assert "remember me" in w2.chat.toPlainText() and "forty-two" in w2.chat.toPlainText()
     w2.close()
+
+
+def test_settings_persist_and_sidebar_actions(qtbot, tmp_path):
+    from app.settings import load
+
+    path = tmp_path / "settings.json"
+    store = Store(tmp_path / "h.sqlite3")
+    w = MainWindow(WorkerThread(lambda p, layers, t: FakeEngine()), store, Settings(), path)
+    qtbot.addWidget(w)
+    w.policy.setCurrentText("tova")
+    w.budget.setValue(2048)
+    assert load(path).policy == "tova" and load(path).budget_tokens == 2048
+    assert "Process RAM" in w.memory.text()
+    w.input.setPlainText("keep this")
+    w.send()
+    _wait_idle(qtbot, w)
+    w.rename_chat("Renamed chat")
+    assert w.conversations.currentItem().text() == "Renamed chat"
+    out = tmp_path / "chat.md"
+    w.export_chat(out)
+    assert out.read_text().startswith("# Renamed chat") and "keep this" in out.read_text()
+    w.delete_chat()
+    assert store.conversations() == [] and w.conversations.count() == 0
+    w.close()
