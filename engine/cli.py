@@ -188,7 +188,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "kv_cells_allocated": s.n_ctx,
         "kv_bytes_peak": s.kv_bytes,
         "kv_bytes_full": s.kv_bytes_full,
-        "kv_ratio": s.kv_bytes / s.kv_bytes_full if s.kv_bytes_full else 0.0,
+        "kv_ratio": s.kv_ratio,
         "evicted_tokens": s.evicted_tokens,
         "evictions": s.evictions,
         "prefill_tokens_per_s": s.prefill_tokens_per_s,

@@ -6,7 +6,7 @@ in tokens per second; cells and tokens are counts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -43,6 +43,11 @@ class KVStats:
         return self.tokens_seen * self.kv_bytes_per_cell
 
     @property
+    def kv_ratio(self) -> float:
+        """KV memory held / what a full cache would hold (0 before any token)."""
+        return self.kv_bytes / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
+    @property
     def kv_bytes_used(self) -> int:
         """KV memory of the cells in use now."""
         return self.cells_used * self.kv_bytes_per_cell
@@ -61,6 +66,7 @@ class KVStats:
             "kv_bytes",
             "kv_bytes_full",
             "kv_bytes_used",
+            "kv_ratio",
             "prefill_tokens_per_s",
             "decode_tokens_per_s",
         ):
@@ -116,4 +122,3 @@ class Result:
     stats: KVStats
     model: str
     events: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -14,16 +14,9 @@ import random
 import time
 
 from engine import Engine, Prompt, Session
-from engine.bench.tasks import FILLER
 from engine.bench.tasks import PASSKEY_PREFIX as PREFIX
 from engine.bench.tasks import PASSKEY_SUFFIX as SUFFIX
-
-
-def document(n_junk: int, depth: float, key: int) -> str:
-    """The passkey haystack with ``n_junk`` filler groups (24 tokens each)."""
-    at = int(n_junk * depth)
-    line = f"The pass key is {key}. Remember it. {key} is the pass key. "
-    return FILLER * at + line + FILLER * (n_junk - at)
+from engine.bench.tasks import passkey_haystack
 
 
 def main() -> None:
@@ -44,7 +37,7 @@ def main() -> None:
         hits, rows = 0, []
         for depth in depths:
             key = random.Random(round(depth * 1000)).randint(10000, 99999)
-            prompt = Prompt(PREFIX, document(args.junk, depth, key), SUFFIX, (), True)
+            prompt = Prompt(PREFIX, passkey_haystack(args.junk, depth, key), SUFFIX, (), True)
             # the full cache is the reference: a budget that holds the whole prompt
             budget = args.budget if name != "full" else args.junk * 25 + 256
             with eng.session(name, budget) as s:

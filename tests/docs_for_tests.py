@@ -6,6 +6,7 @@ import random
 
 from engine.bench.tasks import FILLER as JUNK
 from engine.bench.tasks import PASSKEY_PREFIX, PASSKEY_SUFFIX
+from engine.bench.tasks import passkey_haystack as passkey_document
 
 __all__ = [
     "JUNK",
@@ -16,13 +17,6 @@ __all__ = [
     "prose",
     "text_pdf",
 ]
-
-
-def passkey_document(n_junk: int, depth: float, key: int) -> str:
-    """llama.cpp's passkey haystack: filler with the key line at ``depth`` (0..1)."""
-    at = int(n_junk * depth)
-    line = f"The pass key is {key}. Remember it. {key} is the pass key. "
-    return JUNK * at + line + JUNK * (n_junk - at)
 
 
 def passkey_key(depth: float) -> int:

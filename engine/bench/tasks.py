@@ -38,11 +38,15 @@ def _key_line(key: int) -> str:
     return f"The pass key is {key}. Remember it. {key} is the pass key. "
 
 
+def passkey_haystack(n_groups: int, depth: float, key: int) -> str:
+    """llama.cpp's passkey document: ``n_groups`` filler groups, the key line at ``depth``."""
+    at = int(n_groups * depth)
+    return FILLER * at + _key_line(key) + FILLER * (n_groups - at)
+
+
 def filler_haystack(length: int, depth: float, key: int) -> str:
     """llama.cpp's passkey document of about ``length`` tokens."""
-    n = max(2, (length - 60) // _FILLER_TOKENS)
-    at = int(n * depth)
-    return FILLER * at + _key_line(key) + FILLER * (n - at)
+    return passkey_haystack(max(2, (length - 60) // _FILLER_TOKENS), depth, key)
 
 
 def real_haystack(engine: Engine, length: int, depth: float, key: int, offset: int) -> str:
@@ -70,7 +74,7 @@ def _figures(stats: KVStats, monitor: MemoryMonitor, wall_s: float) -> dict[str,
         "kv_cells_peak": stats.cells_peak,
         "kv_bytes_peak": stats.kv_bytes,
         "kv_bytes_full": stats.kv_bytes_full,
-        "kv_ratio": stats.kv_bytes / stats.kv_bytes_full if stats.kv_bytes_full else 0.0,
+        "kv_ratio": stats.kv_ratio,
         "evicted_tokens": stats.evicted_tokens,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
