@@ -137,6 +137,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     monitor = MemoryMonitor()
     with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
+        if engine.model.device_note:
+            err.write(f"note: {engine.model.device_note}\n")
         session = engine.session(
             args.policy,
             args.budget,
@@ -218,6 +220,8 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
     with Engine(args.model, n_gpu_layers=args.gpu_layers) as engine:
         info = engine.model.info
         sample = monitor.sample()
+        if engine.model.device_note:
+            out.write(f"note: {engine.model.device_note}\n")
         out.write(f"model: {info.name} ({info.arch}) {info.path}\n")
         out.write(
             f"layers: {info.n_layer}, heads: {info.n_head} (KV {info.n_head_kv}), "

@@ -159,6 +159,17 @@ class Model:
             ) from exc
         self.n_gpu_layers = n_gpu_layers
         self.info = self._read_info(model_path)
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+
+    @property
+    def device_note(self) -> str | None:
+        """Why GPU layers asked for are not used, or None when they are (or none asked)."""
+        if self.n_gpu_layers > 0 and not self.gpu_offload:
+            return (
+                f"{self.n_gpu_layers} GPU layers asked for, but this llama.cpp build has no "
+                "GPU support: the model runs on the CPU"
+            )
+        return None
 
     def _read_info(self, path: Path) -> ModelInfo:
         m = self._model.model

@@ -30,7 +30,12 @@ class Prompt:
     add_bos: bool
 
 
-def _render_chat(template: str, model: Model, user: str) -> str:
+def _render_chat(template: str, model: Model, user: str, system: str = "") -> str:
+    messages = [{"role": "system", "content": system}] if system.strip() else []
+    return _render_messages(template, model, [*messages, {"role": "user", "content": user}])
+
+
+def _render_messages(template: str, model: Model, messages: list[dict[str, str]]) -> str:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
     def raise_exception(message: str) -> None:
@@ -38,7 +43,7 @@ def _render_chat(template: str, model: Model, user: str) -> str:
 
     native = model.native
     return env.from_string(template).render(
-        messages=[{"role": "user", "content": user}],
+        messages=messages,
         add_generation_prompt=True,
         bos_token=native.token_get_text(native.token_bos()),
         eos_token=native.token_get_text(native.token_eos()),
@@ -52,19 +57,24 @@ def _split(
     user_after: str,
     plain: tuple[str, str, tuple[str, ...]],
     document: str,
+    system: str = "",
 ) -> Prompt:
     template = model.info.chat_template
     if template:
-        rendered = _render_chat(template, model, f"{user_before}{_DOC}{user_after}")
+        rendered = _render_chat(template, model, f"{user_before}{_DOC}{user_after}", system)
         prefix, _, suffix = rendered.partition(_DOC)
         bos_text = model.native.token_get_text(model.native.token_bos())
         add_bos = model.add_bos and not prefix.startswith(bos_text)
         return Prompt(prefix, document, suffix, (), add_bos)
     prefix, suffix, stops = plain
+    if system.strip():
+        prefix = f"{system.strip()}\n\n{prefix}"
     return Prompt(prefix, document, suffix, stops, model.add_bos)
 
 
-def ask_prompt(model: Model, document: str, question: str, answer_prefix: str = "") -> Prompt:
+def ask_prompt(
+    model: Model, document: str, question: str, answer_prefix: str = "", system: str = ""
+) -> Prompt:
     """A question about a document; the answer follows the prompt.
 
     ``answer_prefix`` starts the answer ("The pass key is"), which steers base
@@ -82,11 +92,14 @@ def ask_prompt(model: Model, document: str, question: str, answer_prefix: str = 
             ("\n\n", "\nQuestion:"),
         ),
         document,
+        system,
     )
     return replace(prompt, suffix=prompt.suffix + cue)
 
 
-def summary_prompt(model: Model, document: str, instruction: str = SUMMARY_INSTRUCTION) -> Prompt:
+def summary_prompt(
+    model: Model, document: str, instruction: str = SUMMARY_INSTRUCTION, system: str = ""
+) -> Prompt:
     """A summary of a document."""
     return _split(
         model,
@@ -94,4 +107,30 @@ def summary_prompt(model: Model, document: str, instruction: str = SUMMARY_INSTR
         f"\n</document>\n\n{instruction}",
         ("", "\n\nIn summary,", ("\n\n",)),
         document,
+        system,
     )
+
+
+def follow_up_prompt(model: Model, question: str, answer_prefix: str = "") -> Prompt:
+    """The next turn of a chat, appended after the previous answer in the cache.
+
+    With a chat template it is the text the template writes between the end of
+    an assistant message and the next generation prompt.
+    """
+    question = question.strip()
+    cue = f" {answer_prefix.strip()}" if answer_prefix.strip() else ""
+    template = model.info.chat_template
+    if not template:
+        turn = f"\n\nQuestion: {question}\nAnswer:{cue}"
+        return Prompt("", "", turn, ("\n\n", "\nQuestion:"), False)
+    mark = "\x00KVTRIM_ANSWER\x00"
+    rendered = _render_messages(
+        template,
+        model,
+        [
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "content": mark},
+            {"role": "user", "content": question},
+        ],
+    )
+    return Prompt("", "", rendered.partition(mark)[2] + cue, (), False)

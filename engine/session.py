@@ -24,7 +24,7 @@ from .errors import Cancelled, ConfigError, ContextOverflowError
 from .kvcache import KVCache
 from .model import Model
 from .policies import Observation, Policy
-from .prompts import Prompt, ask_prompt, summary_prompt
+from .prompts import Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .sampling import Sampler, Sampling, StopMatcher
 from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
 
@@ -148,15 +148,42 @@ class Session:
         question: str,
         *,
         answer_prefix: str = "",
+        system: str = "",
         **gen: object,
     ) -> Iterator[Event]:
         """Read ``document`` and answer ``question`` (see ``run`` for options)."""
-        prompt = ask_prompt(self.model, document, question, answer_prefix)
+        prompt = ask_prompt(self.model, document, question, answer_prefix, system)
         return self.run(prompt, **gen)  # type: ignore[arg-type]
 
-    def summarize(self, document: str, **gen: object) -> Iterator[Event]:
+    def summarize(self, document: str, *, system: str = "", **gen: object) -> Iterator[Event]:
         """Read ``document`` and summarize it (see ``run`` for options)."""
-        return self.run(summary_prompt(self.model, document), **gen)  # type: ignore[arg-type]
+        prompt = summary_prompt(self.model, document, system=system)
+        return self.run(prompt, **gen)  # type: ignore[arg-type]
+
+    def follow_up(
+        self,
+        question: str,
+        *,
+        answer_prefix: str = "",
+        max_tokens: int = 128,
+        sampling: Sampling | None = None,
+    ) -> Iterator[Event]:
+        """The next chat turn: append ``question`` after the last answer and generate.
+
+        The cache keeps what earlier turns left in it, so a chat goes on past the
+        budget; the question is the observation window of any eviction it needs.
+        """
+        if self._logits is None:
+            raise ConfigError("nothing to follow up: ask or summarize first")
+        self.ctx.cancel_event.clear()
+        self._t0 = time.perf_counter()
+        self.stats.first_token_s = None
+        prompt = follow_up_prompt(self.model, question, answer_prefix)
+        turn = self.model.tokenize(prompt.suffix)
+        yield from self.feed(turn, observe=turn, logits=True)
+        yield from self.generate(
+            max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
+        )
 
     def run(
         self,

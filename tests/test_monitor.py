@@ -61,3 +61,16 @@ def test_engine_never_imports_qt():
     for path in root.rglob("*.py"):
         text = path.read_text()
         assert "PySide6" not in text and "PyQt" not in text, path
+
+
+def test_gpu_layers_without_gpu_support_run_on_the_cpu_with_a_note():
+    from engine import Engine, Session
+
+    with Engine(n_gpu_layers=99) as eng:
+        if eng.model.gpu_offload:  # pragma: no cover - a CUDA build on a GPU machine
+            assert eng.model.device_note is None
+            return
+        assert "runs on the CPU" in eng.model.device_note
+        with eng.session("snapkv", 128) as s:
+            result = Session.collect(s.ask("Clara sold the lamp. " * 30, "Who?", max_tokens=4))
+        assert result.stats.generated_tokens > 0
