@@ -1,23 +1,33 @@
-"""Live memory graphs (pyqtgraph): KV cache held against what a full cache would
-need for the same tokens, and tokens in cache against tokens seen."""
+"""Live memory graphs (pyqtgraph), x in seconds: KV cache held against what a
+full cache would need for the same tokens, tokens in cache against tokens seen,
+and GPU memory (NVML) or, without an NVIDIA GPU, the process's RAM."""
 
 from __future__ import annotations
+
+import time
+from collections import deque
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from engine.monitor import MemorySample
 from engine.stats import KVStats
 
 _MB = 2**20
+HISTORY = 3000  # samples per curve: 25 minutes at 2 Hz
 
 
 class MemoryGraphs(QWidget):
-    """Two small plots that grow by one sample per ``add(stats)``."""
+    """Three small plots; ``add`` takes engine stats, ``add_memory`` monitor samples."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.samples: list[tuple[float, float, float, int, int]] = []
+        self.samples: deque[tuple[float, float, float, int, int]] = deque(maxlen=HISTORY)
+        self.memory: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
+        self._t0 = time.monotonic()
+        self._job_t0 = self._t0
+        self.last: KVStats | None = None
         self.kv_plot = pg.PlotWidget(title="KV cache (MB)")
         self.kv_plot.addLegend(offset=(5, 5))
         self.kv_held = self.kv_plot.plot(name="held", pen=pg.mkPen("#2a9d8f", width=2))
@@ -29,24 +39,54 @@ class MemoryGraphs(QWidget):
         self.tok_plot.addLegend(offset=(5, 5))
         self.tok_cache = self.tok_plot.plot(name="in cache", pen=pg.mkPen("#2a9d8f", width=2))
         self.tok_seen = self.tok_plot.plot(name="seen", pen=pg.mkPen("#e9c46a", width=2))
-        for plot in (self.kv_plot, self.tok_plot):
-            plot.setMinimumHeight(140)
+        self.mem_plot = pg.PlotWidget(title="memory (MB)")
+        self.mem_plot.addLegend(offset=(5, 5))
+        self.mem_used = self.mem_plot.plot(name="used", pen=pg.mkPen("#8ab4f8", width=2))
+        # no name: the legend lists "total" only once a GPU reports it
+        self.mem_total = self.mem_plot.plot(
+            pen=pg.mkPen("#9aa0a6", width=1, style=Qt.PenStyle.DotLine)
+        )
+        self._total_in_legend = False
+        for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
+            plot.setMinimumHeight(120)
             plot.showGrid(x=False, y=True, alpha=0.3)
-            plot.getPlotItem().hideAxis("bottom")
+            plot.setLabel("bottom", "s")
         self.saving = QLabel("No document read yet.")
         self.saving.setWordWrap(True)
+        self.memory_label = QLabel()
+        self.memory_label.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.kv_plot)
-        layout.addWidget(self.tok_plot)
         layout.addWidget(self.saving)
+        layout.addWidget(self.tok_plot)
+        layout.addWidget(self.mem_plot)
+        layout.addWidget(self.memory_label)
+
+    def set_dark(self, dark: bool) -> None:
+        fg = "#d0d0d0" if dark else "#404040"
+        for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
+            plot.setBackground("#16181b" if dark else "w")
+            item = plot.getPlotItem()
+            item.titleLabel.setAttr("color", fg)
+            for axis in ("left", "bottom"):
+                item.getAxis(axis).setPen(fg)
+                item.getAxis(axis).setTextPen(fg)
+
+    def start(self) -> None:
+        """A new job: the KV and token graphs start again at 0 s."""
+        self.samples.clear()
+        self.last = None
+        self._job_t0 = time.monotonic()
+        for curve in (self.kv_held, self.kv_full, self.tok_cache, self.tok_seen):
+            curve.setData([], [])
 
     def add(self, stats: KVStats) -> None:
-        held = stats.kv_bytes / _MB
-        full = stats.kv_bytes_full / _MB
-        self.samples.append(
-            (float(len(self.samples)), held, full, stats.cells_used, stats.tokens_seen)
-        )
+        """One KV sample now (an engine event, or the last one again on a timer tick)."""
+        self.last = stats
+        held, full = stats.kv_bytes / _MB, stats.kv_bytes_full / _MB
+        t = time.monotonic() - self._job_t0
+        self.samples.append((t, held, full, stats.cells_used, stats.tokens_seen))
         xs = [s[0] for s in self.samples]
         self.kv_held.setData(xs, [s[1] for s in self.samples])
         self.kv_full.setData(xs, [s[2] for s in self.samples])
@@ -54,13 +94,36 @@ class MemoryGraphs(QWidget):
         self.tok_seen.setData(xs, [s[4] for s in self.samples])
         if full > held > 0:
             self.saving.setText(
-                f"Saving {full - held:.1f} MB: the cache holds {held:.1f} MB where a full "
-                f"cache would need {full:.1f} MB ({full / held:.1f}x)."
+                f"<b>Saving {full - held:.1f} MB</b>: the cache holds {held:.1f} MB where a "
+                f"full cache would need {full:.1f} MB ({full / held:.1f}x); "
+                f"{stats.cells_used:,} of {stats.tokens_seen:,} tokens kept."
             )
         else:
-            self.saving.setText(f"Cache {held:.1f} MB; nothing evicted yet.")
+            self.saving.setText(f"Cache {held:.1f} MB for {stats.tokens_seen:,} tokens.")
 
-    def clear(self) -> None:
-        self.samples.clear()
-        for curve in (self.kv_held, self.kv_full, self.tok_cache, self.tok_seen):
-            curve.setData([], [])
+    def add_memory(self, sample: MemorySample) -> None:
+        """GPU memory when NVML sees a GPU, else the process's RAM."""
+        t = time.monotonic() - self._t0
+        if sample.gpus:
+            gpu = sample.gpus[0]
+            used, total = gpu.used_bytes / _MB, gpu.total_bytes / _MB
+            self.mem_plot.setTitle(f"GPU memory (MB): {gpu.name}")
+            text = (
+                f"{gpu.name}: {used:,.0f} of {total:,.0f} MB used · "
+                f"process RAM {sample.rss_bytes / _MB:,.0f} MB"
+            )
+        else:
+            used, total = sample.rss_bytes / _MB, float("nan")
+            self.mem_plot.setTitle("process RAM (MB): no NVIDIA GPU")
+            text = f"No NVIDIA GPU: showing process RAM, {used:,.0f} MB"
+        self.memory.append((t, used, total))
+        xs = [m[0] for m in self.memory]
+        self.mem_used.setData(xs, [m[1] for m in self.memory])
+        if sample.gpus:
+            self.mem_total.setData(xs, [m[2] for m in self.memory])
+            if not self._total_in_legend:
+                self.mem_plot.getPlotItem().legend.addItem(self.mem_total, "total")
+                self._total_in_legend = True
+        else:
+            self.mem_total.setData([], [])
+        self.memory_label.setText(text)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,8 @@ class Settings:
     threads: int = 0  # 0: one per physical core
     policy: str = "snapkv"
     budget_tokens: int = 1024
-    n_sink: int = 4
-    recent_tokens: int = 32
-    window_tokens: int = 32
+    # per policy, the parameters the user changed from the paper's defaults
+    policy_params: dict[str, dict[str, int]] = field(default_factory=dict)
     max_tokens: int = 256
     temperature: float = 0.0
     system_prompt: str = ""
@@ -45,6 +44,13 @@ class Settings:
             out.theme = d.theme
         out.gpu_layers = max(0, out.gpu_layers)
         out.threads = max(0, out.threads)
+        out.max_tokens = max(1, out.max_tokens)
+        out.temperature = min(max(0.0, out.temperature), 2.0)
+        out.policy_params = {
+            name: {k: v for k, v in params.items() if isinstance(v, int) and v >= 0}
+            for name, params in out.policy_params.items()
+            if name in POLICIES and isinstance(params, dict)
+        }
         return out
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS messages (
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
     content TEXT NOT NULL,
-    created_s REAL NOT NULL
+    created_s REAL NOT NULL,
+    meta TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS documents (
     id INTEGER PRIMARY KEY,
@@ -55,6 +56,7 @@ class Message:
     role: str
     content: str
     created_s: float
+    meta: str = ""  # an answer's figures (tok/s, first token, policy), shown under it
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class Store:
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"{self.path} was written by a newer kvtrim (schema {version})")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+        if "meta" not in columns:  # schema 1 -> 2
+            self._db.execute("ALTER TABLE messages ADD COLUMN meta TEXT NOT NULL DEFAULT ''")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -114,30 +119,36 @@ class Store:
 
     # -- messages and documents -------------------------------------------
 
-    def add_message(self, conversation_id: int, role: str, content: str) -> Message:
+    def add_message(self, conversation_id: int, role: str, content: str, meta: str = "") -> Message:
         now = time.time()
         with self._db:  # one transaction: the message and the conversation's timestamp
             self._db.execute("BEGIN")
             cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, role, content, created_s) "
-                "VALUES (?, ?, ?, ?)",
-                (conversation_id, role, content, now),
+                "INSERT INTO messages(conversation_id, role, content, created_s, meta) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (conversation_id, role, content, now, meta),
             )
             self._db.execute(
                 "UPDATE conversations SET updated_s = ? WHERE id = ?", (now, conversation_id)
             )
-        return Message(int(cur.lastrowid or 0), conversation_id, role, content, now)
+        return Message(int(cur.lastrowid or 0), conversation_id, role, content, now, meta)
 
-    def update_message(self, message_id: int, content: str) -> None:
-        """Replace a message's text (a streamed answer as it grows, or a regenerated one)."""
-        self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+    def update_message(self, message_id: int, content: str, meta: str | None = None) -> None:
+        """Replace a message's text (a regenerated answer) and, if given, its figures."""
+        if meta is None:
+            self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+        else:
+            self._db.execute(
+                "UPDATE messages SET content = ?, meta = ? WHERE id = ?",
+                (content, meta, message_id),
+            )
 
     def delete_message(self, message_id: int) -> None:
         self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self._db.execute(
-            "SELECT id, conversation_id, role, content, created_s FROM messages "
+            "SELECT id, conversation_id, role, content, created_s, meta FROM messages "
             "WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         ).fetchall()
@@ -178,4 +189,6 @@ class Store:
         names = {"user": "You", "assistant": "kvtrim", "system": "System"}
         for m in self.messages(conversation_id):
             lines += [f"**{names[m.role]}:**", "", m.content, ""]
+            if m.meta:
+                lines += [f"*{m.meta}*", ""]
         return "\n".join(lines)

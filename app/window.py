@@ -1,4 +1,4 @@
-"""The main window: conversations, chat over documents, policy settings, live graphs.
+"""The main window: conversations, chat over documents, settings, live graphs.
 
 Widgets hold no inference logic: requests go to the engine worker as queued
 signals, and its events come back through the worker thread's relay.
@@ -6,26 +6,25 @@ signals, and its events come back through the worker thread's relay.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QDragEnterEvent, QDropEvent, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QComboBox,
+    QApplication,
     QFileDialog,
-    QFormLayout,
     QHBoxLayout,
     QInputDialog,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QSpinBox,
+    QScrollArea,
     QSplitter,
-    QTextBrowser,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -34,35 +33,17 @@ from engine import DocumentError, Done, Evicted, Progress, Token
 from engine.documents import load_document
 from engine.monitor import MemoryMonitor
 
+from .chat import ChatView, MessageInput
 from .graphs import MemoryGraphs
 from .settings import Settings, save
-from .store import Store
+from .settings_panel import POLICY_LABELS, SettingsPanel
+from .store import Message, Store
+from .theme import apply_theme
 from .worker import Job, WorkerThread
 
-POLICY_HELP = {
-    "full": "Off: keeps every token; fails when the document does not fit the budget.",
-    "streaming": "StreamingLLM: first tokens plus the most recent ones (llama.cpp's shift).",
-    "h2o": "H2O: tokens with the most accumulated attention, plus a recent half.",
-    "snapkv": "SnapKV: your question votes for what to keep at every eviction.",
-    "tova": "TOVA: keeps what the newest token attends to.",
-}
-
-
-class _Input(QPlainTextEdit):
-    """Enter sends, Shift+Enter starts a new line."""
-
-    def __init__(self, send: object) -> None:
-        super().__init__()
-        self._send = send
-        self.setPlaceholderText("Ask about the document, or drop a file here…")
-        self.setMaximumHeight(90)
-
-    def keyPressEvent(self, event: QKeyEvent) -> None:
-        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            self._send()  # type: ignore[operator]
-            return
-        super().keyPressEvent(event)
+DOCUMENT_TYPES = "Documents (*.txt *.md *.html *.htm *.pdf *.docx)"
+SAMPLE_MS = 500  # graphs and memory refresh at 2 Hz while the app is open
+REGENERATE_TEMPERATURE = 0.7
 
 
 class MainWindow(QMainWindow):
@@ -79,19 +60,27 @@ class MainWindow(QMainWindow):
         self.worker, self.store, self.settings = worker, store, settings
         self.settings_path = settings_path
         self.monitor = MemoryMonitor()
-        self.document_text = ""
-        self.document_name = ""
+        self.documents: list[tuple[str, str]] = []  # (name, text) of the attached files
         self.answer = ""
+        self.busy = False
+        self.job_conversation: int | None = None  # where the running answer goes
+        self.replacing: int | None = None  # the answer a regeneration replaces when done
         self.model_name = "loading model…"
         self.conversation = store.conversations()[0] if store.conversations() else None
         self.setWindowTitle("kvtrim")
         self.setAcceptDrops(True)
-        self.resize(1200, 760)
+        self.resize(1280, 800)
         self._build()
         self._connect()
+        self.apply_theme()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self.apply_theme)
+        self._select_conversation_id(self.conversation.id if self.conversation else None)
         self._refresh_conversations()
-        self._render()
-        self._sample_memory()
+        self.timer = QTimer(self)
+        self.timer.setInterval(SAMPLE_MS)
+        self.timer.timeout.connect(self._tick)
+        self.timer.start()
+        self._tick()
         worker.requests.load_model.emit(
             settings.model_path or None, settings.gpu_layers, settings.threads or None
         )
@@ -105,9 +94,6 @@ class MainWindow(QMainWindow):
         self.rename_button = QPushButton("Rename")
         self.delete_button = QPushButton("Delete")
         self.export_button = QPushButton("Export…")
-        self.rename_button.clicked.connect(self._rename_dialog)
-        self.delete_button.clicked.connect(self.delete_chat)
-        self.export_button.clicked.connect(self._export_dialog)
         row = QHBoxLayout()
         for b in (self.rename_button, self.delete_button, self.export_button):
             row.addWidget(b)
@@ -117,55 +103,55 @@ class MainWindow(QMainWindow):
         lv.addWidget(self.conversations)
         lv.addLayout(row)
 
-        self.chat = QTextBrowser()
-        self.chat.setOpenExternalLinks(True)
-        self.doc_label = QLabel("No document attached.")
+        self.doc_label = QLabel()
+        self.doc_label.setWordWrap(True)
+        self.clear_docs_button = QPushButton("Detach")
+        doc_row = QHBoxLayout()
+        doc_row.addWidget(self.doc_label, 1)
+        doc_row.addWidget(self.clear_docs_button)
+        self.chat = ChatView(self._messages)
         self.progress = QProgressBar()
         self.progress.setVisible(False)
         self.error = QLabel()
-        self.error.setStyleSheet("color: #c0392b;")
+        self.error.setStyleSheet("color: #e05545;")
         self.error.setWordWrap(True)
-        self.input = _Input(self.send)
+        self.input = MessageInput(self.send)
         self.attach_button = QPushButton("Attach…")
         self.summarize_button = QPushButton("Summarize")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Answer the last question again, with sampling")
+        self.copy_button = QPushButton("Copy answer")
         self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         buttons = QHBoxLayout()
-        for b in (self.attach_button, self.summarize_button, self.send_button, self.stop_button):
+        for b in (self.attach_button, self.summarize_button, self.regenerate_button):
             buttons.addWidget(b)
+        buttons.addWidget(self.copy_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.send_button)
         center = QWidget()
         cv = QVBoxLayout(center)
-        cv.addWidget(self.doc_label)
+        cv.addLayout(doc_row)
         cv.addWidget(self.chat, 1)
         cv.addWidget(self.progress)
         cv.addWidget(self.error)
         cv.addWidget(self.input)
         cv.addLayout(buttons)
 
-        self.policy = QComboBox()
-        self.policy.addItems(list(POLICY_HELP))
-        self.policy.setCurrentText(self.settings.policy)
-        self.policy_help = QLabel(POLICY_HELP[self.settings.policy])
-        self.policy_help.setWordWrap(True)
-        self.budget = QSpinBox()
-        self.budget.setRange(64, 131072)
-        self.budget.setSingleStep(256)
-        self.budget.setValue(self.settings.budget_tokens)
-        self.budget.setSuffix(" tokens")
+        self.panel = SettingsPanel(self.settings)
         self.graphs = MemoryGraphs()
-        right = QWidget()
-        form = QFormLayout(right)
-        form.addRow("Eviction policy", self.policy)
-        form.addRow(self.policy_help)
-        form.addRow("KV budget", self.budget)
-        form.addRow(self.graphs)
-        self.memory = QLabel()
-        self.memory.setWordWrap(True)
-        form.addRow(self.memory)
+        scroll = QScrollArea()
+        scroll.setWidget(self.panel)
+        scroll.setWidgetResizable(True)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.graphs, "Memory")
+        self.tabs.addTab(scroll, "Settings")
 
         split = QSplitter()
-        for w, stretch in ((left, 1), (center, 4), (right, 2)):
+        for w, stretch in ((left, 1), (center, 4), (self.tabs, 2)):
             split.addWidget(w)
             split.setStretchFactor(split.count() - 1, stretch)
         split.setSizes([220, 640, 420])
@@ -174,31 +160,54 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         r = self.worker.results
         r.model_loaded.connect(self._on_model)
+        r.notice.connect(lambda text: self.statusBar().showMessage(text, 15_000))
+        r.notice.connect(self.error.setText)
         r.event.connect(self._on_event)
         r.failed.connect(self._on_failed)
         r.cancelled.connect(self._on_cancelled)
         r.busy.connect(self._on_busy)
         self.send_button.clicked.connect(self.send)
         self.summarize_button.clicked.connect(self.summarize)
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self.copy_button.clicked.connect(self.copy_answer)
         self.stop_button.clicked.connect(self.stop)
-        self.attach_button.clicked.connect(self._pick_file)
-        self.policy.currentTextChanged.connect(self._policy_changed)
-        self.budget.valueChanged.connect(self._update_status)
-        self.budget.valueChanged.connect(self._save_settings)
-        self.conversations.currentItemChanged.connect(self._select_conversation)
+        self.attach_button.clicked.connect(self._pick_files)
+        self.clear_docs_button.clicked.connect(self.detach)
+        self.rename_button.clicked.connect(self._rename_dialog)
+        self.delete_button.clicked.connect(self.delete_chat)
+        self.export_button.clicked.connect(self._export_dialog)
+        self.panel.changed.connect(self._settings_changed)
+        self.panel.reload_requested.connect(self._reload_model)
+        self.conversations.currentItemChanged.connect(self._on_conversation_item)
         QShortcut(QKeySequence("Ctrl+N"), self, self.new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
+
+    # -- the settings panel's widgets, for callers and tests --------------
+
+    @property
+    def policy(self):  # noqa: ANN201 - a QComboBox whose item data are policy names
+        return self.panel.policy
+
+    @property
+    def budget(self):  # noqa: ANN201
+        return self.panel.budget
+
+    def apply_theme(self) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            self.graphs.set_dark(apply_theme(app, self.settings.theme))
 
     # -- actions ----------------------------------------------------------
 
     def new_chat(self) -> None:
         self.conversation = self.store.new_conversation()
-        self.document_text, self.document_name = "", ""
-        self.doc_label.setText("No document attached.")
+        self.worker.requests.forget.emit()
+        self.documents = []
         self._refresh_conversations()
+        self._show_documents()
         self._render()
 
-    def attach(self, path: Path) -> bool:
+    def attach(self, path: Path, *, remember: bool = True) -> bool:
         """Read a document; a bad file shows its reason and changes nothing."""
         try:
             text = load_document(path)
@@ -208,24 +217,57 @@ class MainWindow(QMainWindow):
         if self.conversation is None:
             self.new_chat()
         assert self.conversation is not None
-        self.document_text, self.document_name = text, path.name
-        self.store.add_document(self.conversation.id, path)
-        self.doc_label.setText(f"Document: {path.name} ({len(text):,} characters)")
+        self.documents.append((path.name, text))
+        if remember:
+            self.store.add_document(self.conversation.id, path)
+        self._show_documents()
         self.error.clear()
         return True
 
+    def detach(self) -> None:
+        """Forget the documents for the next messages (history keeps their names)."""
+        self.documents = []
+        self._show_documents()
+
+    def document_text(self) -> str:
+        if len(self.documents) == 1:
+            return self.documents[0][1]
+        return "\n\n".join(f"# {name}\n\n{text}" for name, text in self.documents)
+
     def send(self) -> None:
         question = self.input.toPlainText().strip()
-        if not question or not self.send_button.isEnabled():
+        if not question or self.busy:
             return
         self.input.clear()
         self._start("ask", question)
 
     def summarize(self) -> None:
-        if not self.document_text:
+        if not self.documents:
             self.error.setText("Attach a document first (drop a file or use Attach…).")
             return
-        self._start("summarize", f"Summarize {self.document_name}")
+        if not self.busy:
+            names = ", ".join(name for name, _ in self.documents)
+            self._start("summarize", f"Summarize {names}")
+
+    def regenerate(self) -> None:
+        """Answer the last question again, sampling this time; the new answer replaces
+        the old one when it is complete (a Stop or an error keeps the old one)."""
+        if self.busy or self.conversation is None:
+            return
+        messages = self.store.messages(self.conversation.id)
+        if len(messages) < 2 or messages[-1].role != "assistant":
+            return
+        question = messages[-2].content
+        kind = "summarize" if question.startswith("Summarize ") and self.documents else "ask"
+        self._start(kind, question, replace=messages[-1].id)
+
+    def copy_answer(self) -> None:
+        if self.conversation is None:
+            return
+        answers = [m for m in self.store.messages(self.conversation.id) if m.role == "assistant"]
+        if answers:
+            QApplication.clipboard().setText(answers[-1].content)
+            self.statusBar().showMessage("Answer copied.", 3000)
 
     def stop(self) -> None:
         self.worker.worker.cancel()
@@ -236,13 +278,13 @@ class MainWindow(QMainWindow):
             self._refresh_conversations()
 
     def delete_chat(self) -> None:
-        if self.conversation is None:
+        if self.conversation is None or self.busy:
             return
         self.store.delete(self.conversation.id)
+        self.worker.requests.forget.emit()
         rest = self.store.conversations()
-        self.conversation = rest[0] if rest else None
+        self._select_conversation_id(rest[0].id if rest else None)
         self._refresh_conversations()
-        self._render()
 
     def export_chat(self, path: Path) -> None:
         if self.conversation is not None:
@@ -264,115 +306,175 @@ class MainWindow(QMainWindow):
         if name:
             self.export_chat(Path(name))
 
-    def _save_settings(self) -> None:
-        self.settings.policy = self.policy.currentText()
-        self.settings.budget_tokens = self.budget.value()
+    def _pick_files(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self, "Attach documents", "", DOCUMENT_TYPES)
+        for name in names:
+            self.attach(Path(name))
+
+    def _settings_changed(self) -> None:
         if self.settings_path is not None:
             save(self.settings, self.settings_path)
+        self.apply_theme()
+        self._update_status()
 
-    def _sample_memory(self) -> None:
-        sample = self.monitor.sample()
-        text = f"Process RAM {sample.rss_bytes / 2**20:.0f} MB"
-        if sample.gpus:
-            text += " · " + " · ".join(
-                f"{g.name}: {g.used_bytes / 2**20:.0f} / {g.total_bytes / 2**20:.0f} MB"
-                for g in sample.gpus
-            )
-        else:
-            text += " · no NVIDIA GPU"
-        self.memory.setText(text)
+    def _reload_model(self, path: str | None, layers: int, threads: int | None) -> None:
+        self.model_name = "loading model…"
+        self._update_status()
+        self.worker.requests.load_model.emit(path, layers, threads)
 
-    def _start(self, kind: str, user_text: str) -> None:
+    def _history(self, before: int | None = None) -> tuple[tuple[str, str], ...]:
+        """The conversation's (question, answer) pairs, up to message id ``before``."""
+        assert self.conversation is not None
+        pairs, question = [], None
+        for m in self.store.messages(self.conversation.id):
+            if before is not None and m.id >= before:
+                break
+            if m.role == "user":
+                question = m.content
+            elif m.role == "assistant" and question is not None:
+                pairs.append((question, m.content))
+                question = None
+        return tuple(pairs)
+
+    def _start(self, kind: str, user_text: str, *, replace: int | None = None) -> None:
         if self.conversation is None:
             self.new_chat()
         assert self.conversation is not None
-        self.store.add_message(self.conversation.id, "user", user_text)
+        cid = self.conversation.id
+        fresh = replace is not None
+        self.replacing = replace
+        if replace is None:
+            history = self._history()
+            self.store.add_message(cid, "user", user_text)
+        else:
+            asked = [m.id for m in self.store.messages(cid) if m.role == "user" and m.id < replace]
+            history = self._history(before=asked[-1])
         if self.conversation.title == "New chat":
-            self.store.rename(self.conversation.id, user_text[:40])
+            self.store.rename(cid, user_text[:40])
             self._refresh_conversations()
+        self.job_conversation = cid
         self.answer = ""
         self.error.clear()
-        self.graphs.clear()
+        self.graphs.start()
         self._render()
+        s = self.settings
         self.worker.requests.run.emit(
             Job(
                 kind,
-                self.document_text,
+                self.document_text(),
                 user_text,
-                self.policy.currentText(),
+                self.panel.policy_name(),
                 self.budget.value(),
-                self.settings.max_tokens,
+                s.max_tokens,
+                self.panel.policy_settings(),
+                conversation=cid,
+                history=history,
+                system=s.system_prompt,
+                temperature=max(s.temperature, REGENERATE_TEMPERATURE) if fresh else s.temperature,
+                seed=random.randrange(2**31) if fresh else None,
+                fresh=fresh,
             )
         )
 
-    def _pick_file(self) -> None:
-        name, _ = QFileDialog.getOpenFileName(
-            self, "Attach a document", "", "Documents (*.txt *.md *.html *.htm *.pdf *.docx)"
-        )
-        if name:
-            self.attach(Path(name))
-
     # -- worker results ---------------------------------------------------
+
+    def _tick(self) -> None:
+        """2 Hz: memory sample, and the KV graphs move on while a job runs."""
+        self.graphs.add_memory(self.monitor.sample())
+        if self.busy and self.graphs.last is not None:
+            self.graphs.add(self.graphs.last)
 
     def _on_model(self, name: str) -> None:
         self.model_name = name
         self._update_status()
 
     def _on_event(self, event: object) -> None:
-        self._sample_memory()
         if isinstance(event, Progress):
             self.progress.setVisible(True)
             self.progress.setMaximum(max(event.total, 1))
             self.progress.setValue(event.done)
-            self.progress.setFormat(f"reading %v / %m tokens, {event.stats.evicted_tokens} evicted")
+            self.progress.setFormat(
+                f"reading {event.done:,} / {event.total:,} tokens · "
+                f"{event.stats.evicted_tokens:,} evicted"
+            )
             self.graphs.add(event.stats)
         elif isinstance(event, Evicted):
             self.graphs.add(event.stats)
         elif isinstance(event, Token):
             self.progress.setVisible(False)
+            self.graphs.last = event.stats
             self.answer += event.text
-            self._render()
+            self.chat.streaming = self.answer
+            self.chat.render_soon()
         elif isinstance(event, Done):
+            self.progress.setVisible(False)
             self.graphs.add(event.stats)
             s = event.stats
-            ttft = f"{s.first_token_s:.1f}s" if s.first_token_s is not None else "n/a"
-            footer = (
-                f"\n\n*{s.decode_tokens_per_s:.1f} tok/s, first token {ttft}, "
-                f"{s.policy} budget {s.budget_tokens}*"
+            ttft = f"{s.first_token_s:.1f} s" if s.first_token_s is not None else "n/a"
+            meta = (
+                f"{s.decode_tokens_per_s:.1f} tok/s · first token {ttft} · "
+                f"{POLICY_LABELS.get(s.policy, s.policy)}, budget {s.budget_tokens:,} · "
+                f"{s.cells_used:,} of {s.tokens_seen:,} tokens in cache"
             )
-            assert self.conversation is not None
-            self.store.add_message(self.conversation.id, "assistant", event.text.strip() + footer)
+            if self.replacing is not None:
+                self.store.update_message(self.replacing, event.text.strip(), meta)
+            elif self.job_conversation is not None:
+                self.store.add_message(self.job_conversation, "assistant", event.text.strip(), meta)
             self.answer = ""
+            self.replacing = None
             self._render()
 
     def _on_failed(self, message: str) -> None:
         self.progress.setVisible(False)
         self.error.setText(message)
+        self.answer = ""
+        self.replacing = None
+        self._render()
 
     def _on_cancelled(self) -> None:
         self.progress.setVisible(False)
-        if self.answer and self.conversation is not None:
-            self.store.add_message(self.conversation.id, "assistant", self.answer + " *(stopped)*")
+        if self.answer.strip() and self.job_conversation is not None and self.replacing is None:
+            self.store.add_message(
+                self.job_conversation, "assistant", self.answer.strip(), "stopped"
+            )
         self.answer = ""
+        self.replacing = None
         self.error.setText("Stopped.")
         self._render()
 
     def _on_busy(self, busy: bool) -> None:
-        for b in (self.send_button, self.summarize_button, self.attach_button):
+        self.busy = busy
+        for b in (
+            self.send_button,
+            self.summarize_button,
+            self.regenerate_button,
+            self.panel.reload_button,
+            self.delete_button,
+        ):
             b.setEnabled(not busy)
+        if not busy:
+            self.panel.refresh_reload_button()
         self.stop_button.setEnabled(busy)
 
     # -- view -------------------------------------------------------------
 
-    def _policy_changed(self, name: str) -> None:
-        self.policy_help.setText(POLICY_HELP[name])
-        self._update_status()
-        self._save_settings()
-
     def _update_status(self) -> None:
+        label = POLICY_LABELS.get(self.panel.policy_name(), self.panel.policy_name())
         self.statusBar().showMessage(
-            f"{self.model_name} · {self.policy.currentText()} · budget {self.budget.value()} tokens"
+            f"{self.model_name} · {label} · budget {self.budget.value():,} tokens"
         )
+
+    def _show_documents(self) -> None:
+        if not self.documents:
+            self.doc_label.setText("No document attached: drop files here or use Attach…")
+            self.clear_docs_button.setVisible(False)
+            return
+        chars = sum(len(text) for _, text in self.documents)
+        names = ", ".join(name for name, _ in self.documents)
+        self.doc_label.setText(
+            f"<b>{names}</b> ({chars:,} characters): Summarize it, or ask about it below."
+        )
+        self.clear_docs_button.setVisible(True)
 
     def _refresh_conversations(self) -> None:
         self.conversations.blockSignals(True)
@@ -383,32 +485,33 @@ class MainWindow(QMainWindow):
             self.conversations.addItem(item)
             if self.conversation and c.id == self.conversation.id:
                 self.conversations.setCurrentItem(item)
+                self.conversation = c
         self.conversations.blockSignals(False)
 
-    def _select_conversation(self, item: QListWidgetItem | None) -> None:
-        if item is None:
-            return
-        cid = item.data(Qt.ItemDataRole.UserRole)
-        self.conversation = next(c for c in self.store.conversations() if c.id == cid)
-        docs = self.store.documents(cid)
-        self.document_text, self.document_name = "", ""
-        if docs:
-            self.attach(Path(docs[-1].path))
-        else:
-            self.doc_label.setText("No document attached.")
+    def _on_conversation_item(self, item: QListWidgetItem | None) -> None:
+        if item is not None:
+            self._select_conversation_id(item.data(Qt.ItemDataRole.UserRole))
+
+    def _select_conversation_id(self, cid: int | None) -> None:
+        """Show a conversation and re-open its documents (a moved file is a message)."""
+        self.conversation = next((c for c in self.store.conversations() if c.id == cid), None)
+        self.documents = []
+        self.error.clear()
+        if self.conversation is not None:
+            for doc in self.store.documents(self.conversation.id):
+                if not self.attach(Path(doc.path), remember=False):
+                    self.error.setText(f"{doc.name} could not be opened again: {self.error.text()}")
+        self._show_documents()
         self._render()
 
+    def _messages(self) -> list[Message]:
+        return self.store.messages(self.conversation.id) if self.conversation else []
+
     def _render(self) -> None:
-        parts = []
-        if self.conversation is not None:
-            for m in self.store.messages(self.conversation.id):
-                who = "**You**" if m.role == "user" else "**kvtrim**"
-                parts.append(f"{who}\n\n{m.content}")
-        if self.answer:
-            parts.append(f"**kvtrim**\n\n{self.answer}▍")
-        self.chat.setMarkdown("\n\n---\n\n".join(parts) or "*Drop a document to begin.*")
-        bar = self.chat.verticalScrollBar()
-        bar.setValue(bar.maximum())
+        visible = self.conversation is not None and self.conversation.id == self.job_conversation
+        self.chat.streaming = self.answer if visible else ""
+        self.chat.replacing = self.replacing
+        self.chat.render()
 
     # -- drag and drop ----------------------------------------------------
 
@@ -423,6 +526,8 @@ class MainWindow(QMainWindow):
         event.acceptProposedAction()
 
     def closeEvent(self, event: object) -> None:
+        self.timer.stop()
+        self.chat.stop()
         self.worker.stop()
         self.monitor.close()
         super().closeEvent(event)  # type: ignore[arg-type]

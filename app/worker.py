@@ -15,7 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine import Cancelled, Engine, KvtrimError, Session
+from engine import Cancelled, Done, Engine, KvtrimError, Sampling, Session
 from engine.stats import Event
 
 EngineFactory = Callable[[str | None, int, int | None], Any]
@@ -24,7 +24,13 @@ EngineFactory = Callable[[str | None, int, int | None], Any]
 
 @dataclass(frozen=True)
 class Job:
-    """One request: read ``document`` (may be empty), then answer or summarize."""
+    """One request: read ``document`` (may be empty), then answer or summarize.
+
+    ``history`` holds the conversation's earlier (question, answer) turns. When
+    the worker still has this conversation's session, with the same settings and
+    exactly those turns in it, a question continues that cache (``follow_up``);
+    otherwise the document and the transcript are read again, with eviction.
+    """
 
     kind: str  # "ask" or "summarize"
     document: str
@@ -33,12 +39,44 @@ class Job:
     budget_tokens: int
     max_tokens: int
     policy_settings: tuple[tuple[str, Any], ...] = ()
+    conversation: int = 0
+    history: tuple[tuple[str, str], ...] = ()
+    system: str = ""
+    temperature: float = 0.0
+    seed: int | None = None
+    fresh: bool = False  # read everything again (Regenerate)
+
+    def key(self) -> tuple[Any, ...]:
+        """What a live session must match to be continued."""
+        return (
+            self.conversation,
+            self.policy,
+            self.budget_tokens,
+            self.policy_settings,
+            self.system,
+            self.document,
+        )
+
+    def transcript(self) -> str:
+        """The document followed by the earlier turns, as plain text."""
+        turns = "".join(f"\n\nQuestion: {q}\nAnswer: {a}" for q, a in self.history)
+        return self.document + turns
+
+
+@dataclass
+class _Chat:
+    """The session a conversation continues, and how many turns it holds."""
+
+    key: tuple[Any, ...]
+    session: Session
+    turns: int
 
 
 class EngineWorker(QObject):
     """Owns the engine; all of its methods run in the worker thread."""
 
     model_loaded = Signal(str)  # model name
+    notice = Signal(str)  # something the user should know that is not an error
     event = Signal(object)  # an engine Event (Progress, Evicted, Token, Done)
     failed = Signal(str)  # a one-line message for the user
     cancelled = Signal()
@@ -51,22 +89,41 @@ class EngineWorker(QObject):
         )
         self._engine: Any = None
         self._session: Session | None = None
+        self._chat: _Chat | None = None
+        self._model_args: tuple[str | None, int, int | None] | None = None
 
     @Slot(object, int, object)
     def load_model(self, path: str | None, gpu_layers: int, threads: int | None) -> None:
-        """(Re)load a model; the old one is closed first so its memory is freed."""
+        """(Re)load a model; the old one is closed first so its memory is freed.
+
+        If the new one fails, the previous model is loaded again, so a bad file
+        costs a message, not a working app.
+        """
         self.busy.emit(True)
+        previous = self._model_args
         try:
+            self._drop_chat()
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
             self._engine = self._factory(path, gpu_layers, threads)
+            self._model_args = (path, gpu_layers, threads)
             self.model_loaded.emit(self._engine.model_name)
-        except KvtrimError as exc:
-            self.failed.emit(str(exc))
+            note = getattr(getattr(self._engine, "model", None), "device_note", None)
+            if note:
+                self.notice.emit(note)
         except Exception as exc:  # the GUI must survive anything the engine raises
-            self.failed.emit(f"could not load the model: {exc}")
-            traceback.print_exc()
+            message = str(exc) if isinstance(exc, KvtrimError) else f"could not load: {exc}"
+            if not isinstance(exc, KvtrimError):
+                traceback.print_exc()
+            if previous is not None and previous[:1] != (path,):
+                try:
+                    self._engine = self._factory(*previous)
+                    self.model_loaded.emit(self._engine.model_name)
+                    message += f"; kept {self._engine.model_name}"
+                except Exception:
+                    self._engine = None
+            self.failed.emit(message)
         finally:
             self.busy.emit(False)
 
@@ -77,14 +134,13 @@ class EngineWorker(QObject):
             self.failed.emit("no model is loaded")
             return
         self.busy.emit(True)
+        ok = False
         try:
-            session = self._engine.session(
-                job.policy, job.budget_tokens, **dict(job.policy_settings)
-            )
+            session, events = self._start(job)
             self._session = session
-            with session:
-                for item in self._events(session, job):
-                    self.event.emit(item)
+            for item in events:
+                self.event.emit(item)
+                ok = ok or isinstance(item, Done)
         except Cancelled:
             self.cancelled.emit()
         except KvtrimError as exc:
@@ -95,14 +151,44 @@ class EngineWorker(QObject):
             self.failed.emit(f"unexpected error: {exc}")
             traceback.print_exc()
         finally:
+            if ok and self._session is not None:
+                self._chat = _Chat(job.key(), self._session, len(job.history) + 1)
+            elif self._chat is None or self._chat.session is not self._session:
+                # a fresh session that did not finish is closed at once
+                if self._session is not None:
+                    self._session.close()
+            else:
+                self._drop_chat()  # a cancelled follow-up leaves a half-written turn
             self._session = None
             self.busy.emit(False)
 
-    @staticmethod
-    def _events(session: Session, job: Job) -> Iterator[Event]:
+    def _start(self, job: Job) -> tuple[Session, Iterator[Event]]:
+        sampling = Sampling(temperature=job.temperature, seed=job.seed)
+        gen: dict[str, Any] = {"max_tokens": job.max_tokens, "sampling": sampling}
+        chat = self._chat
+        if (
+            job.kind == "ask"
+            and not job.fresh
+            and chat is not None
+            and chat.key == job.key()
+            and chat.turns == len(job.history)
+        ):
+            return chat.session, chat.session.follow_up(job.question, **gen)
+        self._drop_chat()
+        session = self._engine.session(job.policy, job.budget_tokens, **dict(job.policy_settings))
         if job.kind == "summarize":
-            return session.summarize(job.document, max_tokens=job.max_tokens)
-        return session.ask(job.document, job.question, max_tokens=job.max_tokens)
+            return session, session.summarize(job.document, system=job.system, **gen)
+        return session, session.ask(job.transcript(), job.question, system=job.system, **gen)
+
+    def _drop_chat(self) -> None:
+        if self._chat is not None:
+            self._chat.session.close()
+            self._chat = None
+
+    @Slot()
+    def forget(self) -> None:
+        """Free the live chat session (the conversation changed or was deleted)."""
+        self._drop_chat()
 
     def cancel(self) -> None:
         """Thread-safe: stop the running job soon."""
@@ -112,6 +198,7 @@ class EngineWorker(QObject):
 
     @Slot()
     def shutdown(self) -> None:
+        self._drop_chat()
         if self._engine is not None:
             self._engine.close()
             self._engine = None
@@ -122,6 +209,7 @@ class _Requests(QObject):
 
     load_model = Signal(object, int, object)
     run = Signal(object)
+    forget = Signal()
     shutdown = Signal()
 
 
@@ -130,6 +218,7 @@ class _Relay(QObject):
     receiver (a widget method or a plain function) runs on the GUI thread."""
 
     model_loaded = Signal(str)
+    notice = Signal(str)
     event = Signal(object)
     failed = Signal(str)
     cancelled = Signal()
@@ -148,9 +237,10 @@ class WorkerThread:
         self.requests = _Requests()
         self.requests.load_model.connect(self.worker.load_model)
         self.requests.run.connect(self.worker.run)
+        self.requests.forget.connect(self.worker.forget)
         self.requests.shutdown.connect(self.worker.shutdown)
         self.results = _Relay()
-        for name in ("model_loaded", "event", "failed", "cancelled", "busy"):
+        for name in ("model_loaded", "notice", "event", "failed", "cancelled", "busy"):
             getattr(self.worker, name).connect(getattr(self.results, name))
         self.thread.start()
 

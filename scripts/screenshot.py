@@ -1,10 +1,12 @@
-"""Screenshot of the real window in the middle of reading a long document.
+"""Screenshot of the real window in the middle of summarizing a long document.
 
     xvfb-run -s "-screen 0 1280x800x24" .venv/bin/python scripts/screenshot.py docs/app.png
 
-Uses the embedded model and a temporary history; the shot is taken while the
-document is still being read, so the graphs show the cache held flat against
-what a full cache would need.
+Uses the embedded model and a temporary history. First a real exchange about
+the bundled passkey sample (so the sidebar and chat show a finished answer and
+its figures), then a new chat summarizing about 30,000 tokens of the Python
+reference manual; the shot is taken while that document is still being read,
+so the graphs show the cache held flat against what a full cache would need.
 """
 
 from __future__ import annotations
@@ -20,30 +22,47 @@ from app.settings import Settings
 from app.store import Store
 from app.window import MainWindow
 from app.worker import WorkerThread
-from engine import Progress
+from engine import Done, Progress
+from engine.bench.texts import window as reference_text
 
 ROOT = Path(__file__).resolve().parents[1]
+SHOOT_AT_TOKENS = 12_000
 
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/app.png")
     app = QApplication(sys.argv[:1])
-    store = Store(Path(tempfile.mkdtemp()) / "history.sqlite3")
-    window = MainWindow(WorkerThread(), store, Settings(budget_tokens=1024))
+    tmp = Path(tempfile.mkdtemp())
+    document = tmp / "python-reference.txt"
+    document.write_text(reference_text(0, 120_000), encoding="utf-8")
+    store = Store(tmp / "history.sqlite3")
+    window = MainWindow(WorkerThread(), store, Settings(budget_tokens=1024, max_tokens=48))
     window.resize(1280, 800)
     window.show()
-    seen = {"progress": 0}
+    state = {"stage": "ask", "shot": False}
 
-    def start() -> None:
+    def ask() -> None:
         window.attach(ROOT / "resources" / "samples" / "passkey.txt")
         window.input.setPlainText("What is the pass key?")
         window.send()
 
+    def summarize() -> None:
+        state["stage"] = "summarize"
+        window.new_chat()
+        window.attach(document)
+        window.summarize()
+
     def on_event(event: object) -> None:
-        if isinstance(event, Progress):
-            seen["progress"] += 1
-            if seen["progress"] == 26:
-                QTimer.singleShot(300, shoot)
+        if isinstance(event, Done) and state["stage"] == "ask":
+            QTimer.singleShot(300, summarize)
+        elif (
+            isinstance(event, Progress)
+            and state["stage"] == "summarize"
+            and event.done >= SHOOT_AT_TOKENS
+            and not state["shot"]
+        ):
+            state["shot"] = True
+            QTimer.singleShot(600, shoot)
 
     def shoot() -> None:
         window.grab().save(str(out))
@@ -53,7 +72,7 @@ def main() -> None:
         QTimer.singleShot(1500, app.quit)
 
     window.worker.results.event.connect(on_event)
-    window.worker.results.model_loaded.connect(lambda _name: QTimer.singleShot(200, start))
+    window.worker.results.model_loaded.connect(lambda _name: QTimer.singleShot(200, ask))
     app.exec()
 
 

@@ -19,9 +19,7 @@ class RecordingEngine(FakeEngine):
 
     def session(self, policy, budget, **settings):
         self.policies.append(policy)
-        s = super().session(policy, budget)
-        s.summarize = lambda document, max_tokens: s.ask(document, "", max_tokens)
-        return s
+        return super().session(policy, budget)
 
 
 @pytest.fixture
@@ -64,12 +62,12 @@ def test_policy_switch_applies_to_the_next_message(qtbot, window):
     window.input.setPlainText("first?")
     window.send()
     _wait_idle(qtbot, window)
-    window.policy.setCurrentText("h2o")
+    window.panel.set_policy("h2o")
     window.input.setPlainText("second?")
     window.send()
     _wait_idle(qtbot, window)
     assert window.engine.policies == ["snapkv", "h2o"]
-    assert "h2o" in window.statusBar().currentMessage()
+    assert "H2O" in window.statusBar().currentMessage()
 
 
 def test_bad_file_shows_an_error_and_the_app_stays_usable(qtbot, window, tmp_path):
@@ -107,10 +105,10 @@ def test_settings_persist_and_sidebar_actions(qtbot, tmp_path):
     store = Store(tmp_path / "h.sqlite3")
     w = MainWindow(WorkerThread(lambda p, layers, t: FakeEngine()), store, Settings(), path)
     qtbot.addWidget(w)
-    w.policy.setCurrentText("tova")
+    w.panel.set_policy("tova")
     w.budget.setValue(2048)
     assert load(path).policy == "tova" and load(path).budget_tokens == 2048
-    assert "Process RAM" in w.memory.text()
+    assert "No NVIDIA GPU" in w.graphs.memory_label.text()
     w.input.setPlainText("keep this")
     w.send()
     _wait_idle(qtbot, w)

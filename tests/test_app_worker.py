@@ -17,20 +17,23 @@ def _stats() -> KVStats:
 
 
 class FakeSession:
+    """Records what it was asked; answers "forty-two" after ``steps`` progress events."""
+
     def __init__(self, steps: int, delay: float) -> None:
         self.steps, self.delay = steps, delay
         self.stop = threading.Event()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
+        self.calls: list[tuple[str, str]] = []  # (method, text read)
+        self.gen: list[dict] = []  # the options of each call
+        self.closed = False
 
     def cancel(self) -> None:
         self.stop.set()
 
-    def ask(self, document, question, max_tokens):
+    def close(self) -> None:
+        self.closed = True
+
+    def _answer(self):
+        self.stop.clear()
         for i in range(self.steps):
             if self.stop.is_set():
                 raise Cancelled("cancelled")
@@ -39,7 +42,20 @@ class FakeSession:
         yield Token(1, "forty-two", _stats())
         yield Done("forty-two", "stop", _stats())
 
-    summarize = None
+    def ask(self, document, question, **gen):
+        self.calls.append(("ask", document + "|" + question))
+        self.gen.append(gen)
+        return self._answer()
+
+    def summarize(self, document, **gen):
+        self.calls.append(("summarize", document))
+        self.gen.append(gen)
+        return self._answer()
+
+    def follow_up(self, question, **gen):
+        self.calls.append(("follow_up", question))
+        self.gen.append(gen)
+        return self._answer()
 
 
 class FakeEngine:
@@ -48,8 +64,11 @@ class FakeEngine:
     def __init__(self, steps: int = 3, delay: float = 0.0) -> None:
         self.steps, self.delay, self.closed = steps, delay, False
 
+        self.sessions: list[FakeSession] = []
+
     def session(self, policy, budget, **settings):
-        return FakeSession(self.steps, self.delay)
+        self.sessions.append(FakeSession(self.steps, self.delay))
+        return self.sessions[-1]
 
     def close(self) -> None:
         self.closed = True

@@ -1,0 +1,244 @@
+"""The settings panel: model, GPU layers, threads, eviction policy and its
+parameters, system prompt and theme, each with a one-line explanation.
+
+It edits a ``Settings`` object in place and says so through two signals:
+``changed`` (applies to the next message) and ``reload_requested`` (model,
+GPU layers or threads changed: the worker reloads the model off the GUI thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.policies import POLICIES
+
+from .settings import Settings
+
+POLICY_HELP = {
+    "full": "Off: keeps every token; fails when the text does not fit the budget.",
+    "streaming": "StreamingLLM: first tokens plus the most recent ones (llama.cpp's shift).",
+    "h2o": "H2O: tokens with the most accumulated attention, plus a recent window.",
+    "snapkv": "SnapKV: your question votes for what to keep at every eviction.",
+    "tova": "TOVA: keeps what the newest token attends to.",
+}
+POLICY_LABELS = {
+    "full": "Off (full cache)",
+    "streaming": "StreamingLLM",
+    "h2o": "H2O",
+    "snapkv": "SnapKV",
+    "tova": "TOVA",
+}
+PARAMS = {
+    "n_sink": ("Sink tokens", "The first tokens, always kept: attention sinks."),
+    "recent": ("Recent window", "The newest tokens, always kept."),
+    "window": ("Observation window", "The last tokens whose attention votes (SnapKV)."),
+}
+H2O_RECENT = "The newest tokens, always kept; 0 keeps half the budget (the paper's split)."
+
+
+def policy_defaults(name: str) -> dict[str, int]:
+    """The paper's defaults for the parameters the panel shows."""
+    return {
+        f.name: f.default  # type: ignore[misc]
+        for f in dataclasses.fields(POLICIES[name])
+        if f.name in PARAMS and isinstance(f.default, int)
+    }
+
+
+def _explained(widget: QWidget, text: str) -> QWidget:
+    box = QWidget()
+    form = QFormLayout(box)
+    form.setContentsMargins(0, 0, 0, 0)
+    form.addRow(widget)
+    hint = QLabel(text)
+    hint.setWordWrap(True)
+    hint.setProperty("hint", True)
+    hint.setStyleSheet("color: #8a9099; font-size: 11px;")
+    form.addRow(hint)
+    return box
+
+
+class SettingsPanel(QWidget):
+    """Edits ``settings``; the window saves it when ``changed`` fires."""
+
+    changed = Signal()
+    reload_requested = Signal(object, int, object)  # model path or None, gpu layers, threads
+
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        outer = QVBoxLayout(self)
+        groups = {name: QGroupBox(name) for name in ("Model", "Eviction", "Chat")}
+        for group in groups.values():
+            outer.addWidget(group)
+        outer.addStretch(1)
+
+        form = QFormLayout(groups["Model"])
+        self.model_path = QLineEdit(settings.model_path)
+        self.model_path.setPlaceholderText("embedded default (Gemma 3 270M)")
+        self.model_path.setReadOnly(True)
+        form.addRow(self.model_path)
+        choose, default = QPushButton("Choose GGUF…"), QPushButton("Use default")
+        choose.clicked.connect(self._choose_model)
+        default.clicked.connect(lambda: self.model_path.setText(""))
+        row = QHBoxLayout()
+        row.addWidget(choose)
+        row.addWidget(default)
+        form.addRow(row)
+        self.gpu_layers = QSpinBox()
+        self.gpu_layers.setRange(0, 999)
+        self.gpu_layers.setValue(settings.gpu_layers)
+        self.gpu_layers.setToolTip("0 runs on the CPU; 999 offloads every layer")
+        form.addRow("GPU layers", _explained(self.gpu_layers, "Layers offloaded to the GPU."))
+        self.threads = QSpinBox()
+        self.threads.setRange(0, os.cpu_count() or 64)
+        self.threads.setSpecialValueText("auto")
+        self.threads.setValue(settings.threads)
+        form.addRow("Threads", _explained(self.threads, "CPU threads; auto = one per core."))
+        self.reload_button = QPushButton("Reload model")
+        self.reload_button.setEnabled(False)
+        self.reload_button.clicked.connect(self._reload)
+        form.addRow(self.reload_button)
+        for signal in (
+            self.model_path.textChanged,
+            self.gpu_layers.valueChanged,
+            self.threads.valueChanged,
+        ):
+            signal.connect(self.refresh_reload_button)
+
+        form = QFormLayout(groups["Eviction"])
+        self.policy = QComboBox()
+        for name in POLICIES:
+            self.policy.addItem(POLICY_LABELS.get(name, name), name)
+        self.policy.setCurrentIndex(self.policy.findData(settings.policy))
+        self.policy_help = QLabel()
+        self.policy_help.setWordWrap(True)
+        form.addRow("Policy", self.policy)
+        form.addRow(self.policy_help)
+        self.budget = QSpinBox()
+        self.budget.setRange(64, 131072)
+        self.budget.setSingleStep(256)
+        self.budget.setSuffix(" tokens")
+        self.budget.setGroupSeparatorShown(True)
+        self.budget.setValue(settings.budget_tokens)
+        form.addRow(
+            "KV budget", _explained(self.budget, "Tokens the cache keeps; memory is fixed by it.")
+        )
+        self.params: dict[str, QSpinBox] = {}
+        self.param_hints: dict[str, QLabel] = {}
+        for key, (label, hint) in PARAMS.items():
+            spin = QSpinBox()
+            spin.setRange(0, 65536)
+            self.params[key] = spin
+            box = _explained(spin, hint)
+            self.param_hints[key] = box.findChild(QLabel)  # type: ignore[assignment]
+            form.addRow(label, box)
+            spin.valueChanged.connect(lambda value, k=key: self._param_edited(k, value))
+
+        form = QFormLayout(groups["Chat"])
+        self.system_prompt = QPlainTextEdit(settings.system_prompt)
+        self.system_prompt.setPlaceholderText("System prompt (optional)")
+        self.system_prompt.setMaximumHeight(60)
+        self.system_prompt.textChanged.connect(self._edited)
+        form.addRow("System prompt", self.system_prompt)
+        self.theme = QComboBox()
+        for mode in ("system", "light", "dark"):
+            self.theme.addItem(mode.capitalize(), mode)
+        self.theme.setCurrentIndex(self.theme.findData(settings.theme))
+        self.theme.currentIndexChanged.connect(self._edited)
+        form.addRow("Theme", self.theme)
+
+        self.policy.currentIndexChanged.connect(self._policy_edited)
+        self.budget.valueChanged.connect(self._edited)
+        self._show_policy()
+
+    # -- what the window reads --------------------------------------------
+
+    def policy_name(self) -> str:
+        return str(self.policy.currentData())
+
+    def policy_settings(self) -> tuple[tuple[str, int], ...]:
+        """The current policy's parameters as the engine takes them."""
+        name = self.policy_name()
+        values = {**policy_defaults(name), **self.settings.policy_params.get(name, {})}
+        return tuple(sorted((k, v) for k, v in values.items() if k in policy_defaults(name)))
+
+    def set_policy(self, name: str) -> None:
+        self.policy.setCurrentIndex(self.policy.findData(name))
+
+    # -- edits ------------------------------------------------------------
+
+    def _choose_model(self) -> None:
+        name, _ = QFileDialog.getOpenFileName(
+            self, "Choose a GGUF model", str(Path.home()), "GGUF models (*.gguf)"
+        )
+        if name:
+            self.model_path.setText(name)
+
+    def refresh_reload_button(self) -> None:
+        """Enabled only when the model, GPU layers or threads differ from the loaded ones."""
+        s = self.settings
+        self.reload_button.setEnabled(
+            (self.model_path.text(), self.gpu_layers.value(), self.threads.value())
+            != (s.model_path, s.gpu_layers, s.threads)
+        )
+
+    def _reload(self) -> None:
+        s = self.settings
+        s.model_path = self.model_path.text()
+        s.gpu_layers, s.threads = self.gpu_layers.value(), self.threads.value()
+        self.reload_button.setEnabled(False)
+        self.changed.emit()
+        self.reload_requested.emit(s.model_path or None, s.gpu_layers, s.threads or None)
+
+    def _policy_edited(self) -> None:
+        self._show_policy()
+        self._edited()
+
+    def _show_policy(self) -> None:
+        name = self.policy_name()
+        self.policy_help.setText(POLICY_HELP.get(name, ""))
+        defaults = policy_defaults(name)
+        values = {**defaults, **self.settings.policy_params.get(name, {})}
+        for key, spin in self.params.items():
+            spin.blockSignals(True)
+            spin.setEnabled(key in defaults)
+            spin.setValue(values.get(key, 0))
+            spin.blockSignals(False)
+        hint = H2O_RECENT if name == "h2o" else PARAMS["recent"][1]
+        self.param_hints["recent"].setText(hint)
+
+    def _param_edited(self, key: str, value: int) -> None:
+        name = self.policy_name()
+        params = self.settings.policy_params.setdefault(name, {})
+        if value == policy_defaults(name).get(key):
+            params.pop(key, None)
+        else:
+            params[key] = value
+        self._edited()
+
+    def _edited(self) -> None:
+        s = self.settings
+        s.policy = self.policy_name()
+        s.budget_tokens = self.budget.value()
+        s.system_prompt = self.system_prompt.toPlainText().strip()
+        s.theme = str(self.theme.currentData())
+        self.changed.emit()

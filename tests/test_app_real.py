@@ -1,0 +1,72 @@
+"""The window on the real default model: a dropped document is summarized into
+the chat, Stop ends a long prefill within a second, and the app goes on."""
+
+from __future__ import annotations
+
+import time
+
+from docs_for_tests import prose
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+
+from app.settings import Settings
+from app.store import Store
+from app.window import MainWindow
+from app.worker import WorkerThread
+
+
+def _drop(window: MainWindow, path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(
+        QPointF(QPoint(10, 10)),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    window.dropEvent(event)
+
+
+def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text(prose(40, seed=7))
+    long = tmp_path / "long.txt"
+    long.write_text(prose(2500, seed=8))  # about 35,000 tokens: minutes to read here
+    settings = Settings(policy="snapkv", budget_tokens=256, max_tokens=24)
+    w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+
+    _drop(w, short)
+    assert "short.txt" in w.doc_label.text()
+    w.summarize()
+    qtbot.waitUntil(lambda: w.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
+    messages = w.store.messages(w.conversation.id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[1].content and "SnapKV, budget 256" in messages[1].meta
+    assert len(w.graphs.samples) >= 2 and w.graphs.last.evicted_tokens > 0
+
+    w.new_chat()
+    _drop(w, long)
+    w.input.setPlainText("Who sold the kettle?")
+    w.send()
+    qtbot.waitUntil(lambda: w.progress.isVisible() and w.progress.value() > 0, timeout=30_000)
+    start = time.perf_counter()
+    w.stop_button.click()
+    qtbot.waitUntil(lambda: not w.busy, timeout=5000)
+    stopped_s = time.perf_counter() - start
+    print(f"stopped {stopped_s:.3f} s after Stop at {w.progress.value()} tokens")
+    assert stopped_s < 1.0
+    assert w.error.text() == "Stopped."
+    assert w.progress.value() < w.progress.maximum()
+
+    w.input.setPlainText("Who sold the kettle?")
+    w.detach()
+    w.send()  # the app is usable at once: a short question without the document
+    qtbot.waitUntil(lambda: w.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
+    assert w.store.messages(w.conversation.id)[-1].role == "assistant"
+    w.close()
