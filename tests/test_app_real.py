@@ -3,10 +3,11 @@ the chat, Stop ends a long prefill within a second, and the app goes on."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from docs_for_tests import prose
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
 
 from app.settings import Settings
@@ -54,6 +55,16 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     w.input.setPlainText("Who sold the kettle?")
     w.send()
     qtbot.waitUntil(lambda: w.progress.isVisible() and w.progress.value() > 0, timeout=30_000)
+    ticks: list[float] = []  # the GUI thread's event loop, sampled every 20 ms
+    beat = QTimer()
+    beat.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    beat.start(20)
+    qtbot.wait(1500)
+    beat.stop()
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    print(f"event loop during prefill: max gap {max(gaps) * 1000:.0f} ms over {len(ticks)} ticks")
+    assert max(gaps) < 0.25, "the window must stay responsive while a document is read"
+    assert w.busy
     start = time.perf_counter()
     w.stop_button.click()
     qtbot.waitUntil(lambda: not w.busy, timeout=5000)
