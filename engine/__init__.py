@@ -17,7 +17,7 @@ from .errors import (
 )
 from .model import Model, ModelInfo, default_model_path
 from .policies import H2O, POLICIES, TOVA, Full, Policy, SnapKV, StreamingLLM, make_policy
-from .prompts import Prompt, ask_prompt, summary_prompt
+from .prompts import Prompt, ask_prompt, chat_prompt, summary_prompt
 from .runtime import Engine
 from .sampling import Sampling
 from .session import Session, SessionConfig
@@ -54,6 +54,7 @@ __all__ = [
     "StreamingLLM",
     "Token",
     "ask_prompt",
+    "chat_prompt",
     "default_model_path",
     "make_policy",
     "summary_prompt",

@@ -3,6 +3,7 @@
 kvtrim ask notes.txt --question "What is the pass key?" --policy snapkv --budget 1024
 kvtrim summarize notes.txt --json
 kvtrim info
+kvtrim serve --policy h2o --budget 2048
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .monitor import MemoryMonitor
 from .policies import POLICIES
 from .runtime import Engine
 from .sampling import Sampling
+from .serve import cli as serve_cli
 from .session import Session
 from .stats import Done, Evicted, Progress, Token
 
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     summ = sub.add_parser("summarize", help="summarize a document")
     _common(summ)
     bench_cli.add_parser(sub)
+    serve_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
     info.add_argument("--model", default=None, metavar="PATH")
     info.add_argument("--gpu-layers", type=int, default=0, metavar="N")
@@ -268,6 +271,8 @@ def main(
             return _info(args, out)
         if args.command == "bench":
             return bench_cli.main(args, out, err)
+        if args.command == "serve":
+            return serve_cli.main(args, out, err)
         return _run(args, out, err)
     except Cancelled:
         err.write("\nkvtrim: cancelled\n")

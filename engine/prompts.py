@@ -134,3 +134,38 @@ def follow_up_prompt(model: Model, question: str, answer_prefix: str = "") -> Pr
         ],
     )
     return Prompt("", "", rendered.partition(mark)[2] + cue, (), False)
+
+
+def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
+    """A whole conversation (OpenAI-style ``role``/``content`` dicts) ending in a user
+    message. ``prefix`` holds everything before that message's text; ``suffix`` is
+    its text plus the generation prompt, so it votes at every eviction."""
+    if not messages or messages[-1].get("role") != "user":
+        raise ValueError("the last message must come from the user")
+    template = model.info.chat_template
+    last = messages[-1]["content"]
+    if template:
+        mark = "\x00KVTRIM_QUESTION\x00"
+        rendered = _render_messages(
+            template, model, [*messages[:-1], {"role": "user", "content": mark}]
+        )
+        before, _, after = rendered.partition(mark)
+        bos_text = model.native.token_get_text(model.native.token_bos())
+        add_bos = model.add_bos and not before.startswith(bos_text)
+        return Prompt(before, "", last + after, (), add_bos)
+    parts: list[str] = []
+    for m in messages[:-1]:
+        role, content = m.get("role"), m.get("content", "").strip()
+        if role == "system":
+            parts.append(f"{content}\n\n")
+        elif role == "user":
+            parts.append(f"Question: {content}\n")
+        elif role == "assistant":
+            parts.append(f"Answer: {content}\n\n")
+    return Prompt(
+        "".join(parts),
+        "",
+        f"Question: {last.strip()}\nAnswer:",
+        ("\nQuestion:", "\n\n"),
+        model.add_bos,
+    )

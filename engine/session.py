@@ -194,18 +194,37 @@ class Session:
         stops: Sequence[str] | None = None,
     ) -> Iterator[Event]:
         """Fresh cache, read the prompt (evicting as needed), then generate."""
-        self.ctx.cancel_event.clear()
-        self.reset()
-        self._t0 = time.perf_counter()
         head = self.model.tokenize(prompt.prefix, add_bos=prompt.add_bos)
         body = self.model.tokenize(prompt.document)
         tail = self.model.tokenize(prompt.suffix)
-        yield from self.feed(head + body, observe=tail, logits=False)
+        return self.run_tokens(
+            head + body,
+            tail,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stops=stops if stops is not None else prompt.stops,
+        )
+
+    def run_tokens(
+        self,
+        head: Sequence[int],
+        tail: Sequence[int],
+        *,
+        max_tokens: int = 128,
+        sampling: Sampling | None = None,
+        stops: Sequence[str] = (),
+    ) -> Iterator[Event]:
+        """Fresh cache; read ``head`` (evicting as needed, with ``tail`` as the question
+        that votes), then ``tail``, then generate. ``tail`` must not be empty."""
+        if not tail:
+            raise ConfigError("the prompt's last part (the question) is empty")
+        self.ctx.cancel_event.clear()
+        self.reset()
+        self._t0 = time.perf_counter()
+        yield from self.feed(head, observe=tail, logits=False)
         yield from self.feed(tail, logits=True)
         yield from self.generate(
-            max_tokens=max_tokens,
-            sampling=sampling or Sampling(),
-            stops=tuple(stops if stops is not None else prompt.stops),
+            max_tokens=max_tokens, sampling=sampling or Sampling(), stops=tuple(stops)
         )
 
     def feed(

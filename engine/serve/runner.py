@@ -1,0 +1,128 @@
+"""The server's engine thread: requests queue and run one at a time, each in a
+session of its own, so one request's eviction never touches another's cache.
+
+The last session is kept for the next request with the same policy, budget and
+parameters (``run`` starts it from an empty cache), which saves allocating a
+context per request; a different setting closes it first, so at most one
+context's memory is held.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Cancelled, KvtrimError
+from ..runtime import Engine
+from ..sampling import Sampling
+from ..session import Session
+from ..stats import Done, Event, Result
+
+Sink = Callable[[Event], None]
+
+
+class Overloaded(KvtrimError):
+    """The queue is full; the client should retry later."""
+
+
+@dataclass
+class Job:
+    """One request's work: tokens to read (``tail`` votes), then generation."""
+
+    head: list[int]
+    tail: list[int]
+    policy: str
+    budget_tokens: int
+    policy_settings: tuple[tuple[str, Any], ...]
+    max_tokens: int
+    sampling: Sampling
+    stops: Sequence[str]
+    sink: Sink | None = None  # each event, called on the engine thread
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _session: Session | None = None
+
+    def cancel(self) -> None:
+        """Stop this job (the client went away); thread-safe."""
+        self._cancelled.set()
+        session = self._session
+        if session is not None:
+            session.cancel()
+
+
+class EngineRunner:
+    """Runs ``Job``s on one engine thread, at most ``max_queue`` waiting."""
+
+    def __init__(self, engine: Engine, max_queue: int = 16) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtrim-engine")
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._session: Session | None = None
+        self._key: tuple[Any, ...] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Jobs queued or running."""
+        return self._waiting
+
+    def submit(self, job: Job) -> Future[Result]:
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise Overloaded(f"{self._waiting} requests are queued; retry later")
+            self._waiting += 1
+        return self._executor.submit(self._run, job)
+
+    def _run(self, job: Job) -> Result:
+        try:
+            if job._cancelled.is_set():
+                raise Cancelled("the client went away before the request started")
+            session = self._session_for(job)
+            job._session = session
+            if job._cancelled.is_set():  # cancelled while the session was made
+                raise Cancelled("cancelled")
+            events = session.run_tokens(
+                job.head,
+                job.tail,
+                max_tokens=job.max_tokens,
+                sampling=job.sampling,
+                stops=job.stops,
+            )
+            for event in events:
+                if job.sink is not None:
+                    job.sink(event)
+                if isinstance(event, Done):
+                    return Result(event.text, event.reason, event.stats, self.engine.model_name)
+            raise Cancelled("the run ended without an answer")
+        except Cancelled:
+            raise
+        except BaseException:
+            self._close_session()  # a failed context is not reused
+            raise
+        finally:
+            job._session = None
+            with self._lock:
+                self._waiting -= 1
+
+    def _session_for(self, job: Job) -> Session:
+        key = (job.policy, job.budget_tokens, job.policy_settings)
+        if self._session is None or key != self._key:
+            self._close_session()
+            self._session = self.engine.session(
+                job.policy, job.budget_tokens, **dict(job.policy_settings)
+            )
+            self._key = key
+        return self._session
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+        self._session, self._key = None, None
+
+    def close(self) -> None:
+        """Finish the queue and free the session."""
+        self._executor.submit(self._close_session).result()
+        self._executor.shutdown(wait=True)

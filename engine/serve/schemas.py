@@ -1,0 +1,147 @@
+"""OpenAI request shapes (pydantic) and the response objects the server returns.
+
+Fields OpenAI clients send that a local server cannot honour in a meaningful way
+(penalties, ``user``, ...) are accepted and ignored, as llama.cpp's server does;
+``n > 1``, ``echo`` and ``logprobs`` are refused with a 400. kvtrim's own fields
+(``kv_policy``, ``kv_budget``, ``kv_keep_ratio``) override the server's eviction
+settings for one request (the ``extra_body`` of the openai client).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..stats import KVStats
+
+FINISH = {"stop": "stop", "eog": "stop", "length": "length"}
+
+
+class KvOverrides(BaseModel):
+    """Per-request eviction settings; None means the server's setting."""
+
+    kv_policy: str | None = None
+    kv_budget: int | None = Field(default=None, ge=16)
+    kv_keep_ratio: float | None = Field(default=None, gt=0, le=1)
+
+
+class _Sampling(KvOverrides):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float = Field(default=0.8, ge=0, le=2)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = Field(default=1, ge=1)
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False
+    logprobs: int | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+
+
+def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def usage(stats: KVStats) -> dict[str, int]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+    }
+
+
+def kv_report(stats: KVStats) -> dict[str, Any]:
+    """kvtrim's figures, returned beside OpenAI's ``usage``."""
+    return {
+        "policy": stats.policy,
+        "budget_tokens": stats.budget_tokens,
+        "tokens_seen": stats.tokens_seen,
+        "cells_kept": stats.cells_used,
+        "evicted_tokens": stats.evicted_tokens,
+        "kv_bytes_held": stats.kv_bytes,
+        "kv_bytes_full": stats.kv_bytes_full,
+        "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 1),
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1),
+    }
+
+
+class Reply:
+    """Builds the response and stream-chunk objects of one request."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, reason: str, stats: KVStats) -> dict[str, Any]:
+        finish = FINISH.get(reason, "stop")
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            body = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            body = self._base("text_completion")
+        return {**body, "choices": [choice], "usage": usage(stats), "kvtrim": kv_report(stats)}
+
+    def chunk(
+        self, text: str | None, finish: str | None = None, stats: KVStats | None = None
+    ) -> dict[str, Any]:
+        """One server-sent event; the first chat chunk carries the role."""
+        if self.chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if text == "" and finish is None:
+                delta = {"role": "assistant", "content": ""}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            body = self._base("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            body = self._base("text_completion")
+        body["choices"] = [choice]
+        if stats is not None:
+            body["usage"] = usage(stats)
+            body["kvtrim"] = kv_report(stats)
+        return body

@@ -1,0 +1,233 @@
+"""``kvtrim serve`` on a free loopback port with the real model, called with the
+openai client and with raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from docs_for_tests import prose
+
+from engine.serve.api import ServerConfig, create_app
+
+KEY = "sk-kvtrim-test"
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    app = create_app(engine, ServerConfig(policy="snapkv", budget_tokens=256, api_key=KEY))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(20)
+    sock.close()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def test_models_and_completion_shapes(client):
+    models = client.models.list()
+    model = models.data[0].id
+    assert model.startswith("gemma-3-270m")
+    out = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert out.object == "text_completion" and out.choices[0].text.strip()
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.usage.completion_tokens == 8 or out.choices[0].finish_reason == "stop"
+    assert out.model_extra["kvtrim"]["policy"] == "snapkv"
+
+
+def test_streaming_chat_matches_the_non_streaming_answer(client):
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Who repaired the bicycle? " + prose(20, seed=3)},
+    ]
+    whole = client.chat.completions.create(
+        model="any", messages=messages, max_tokens=16, temperature=0
+    )
+    pieces, finish = [], None
+    for chunk in client.chat.completions.create(
+        model="any", messages=messages, max_tokens=16, temperature=0, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+
+
+def test_policy_override_per_request_evicts_in_its_own_budget(client):
+    prompt = prose(120, seed=4) + "\nIn short,"
+    out = client.completions.create(
+        model="any",
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"kv_policy": "streaming", "kv_budget": 128},
+    )
+    report = out.model_extra["kvtrim"]
+    assert report["policy"] == "streaming" and report["budget_tokens"] == 128
+    assert report["evicted_tokens"] > 0 and report["cells_kept"] <= 128 + 64
+    default = client.completions.create(model="any", prompt=prompt, max_tokens=4, temperature=0)
+    assert default.model_extra["kvtrim"]["policy"] == "snapkv"
+
+
+def test_concurrent_requests_match_what_each_gets_alone(client):
+    prompts = [f"{prose(30 + 10 * i, seed=10 + i)}\nThe next day," for i in range(4)]
+
+    def ask(prompt: str) -> str:
+        out = client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0)
+        return out.choices[0].text
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
+
+
+def test_errors_come_back_in_openai_shape_and_the_server_stays_up(server, client):
+    bad = httpx.post(
+        f"{server}/v1/completions",
+        content=b"{not json",
+        headers={**_auth(), "Content-Type": "application/json"},
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "json_invalid"
+    missing = httpx.post(f"{server}/v1/chat/completions", json={"model": "x"}, headers=_auth())
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as long:
+        client.completions.create(
+            model="any",
+            prompt=prose(60),
+            max_tokens=8,
+            extra_body={"kv_policy": "full", "kv_budget": 64},
+        )
+    assert long.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="unknown kv_policy"):
+        client.completions.create(model="any", prompt="x", extra_body={"kv_policy": "lru"})
+    wrong = openai.OpenAI(base_url=f"{server}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    assert httpx.get(f"{server}/metrics").status_code == 401  # the key guards every path
+    ok = client.completions.create(model="any", prompt="Hello", max_tokens=2, temperature=0)
+    assert ok.choices[0].text is not None
+
+
+def test_a_client_that_goes_away_cancels_its_stream(server, client):
+    body = {"prompt": prose(400, seed=6), "max_tokens": 400, "stream": True, "kv_budget": 128}
+    start = time.perf_counter()
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", json=body, headers=_auth(), timeout=60
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                assert json.loads(line[6:])["object"] == "text_completion"
+                break  # the first token arrived; leave
+    left = time.perf_counter()
+    ok = client.completions.create(model="any", prompt="Hi", max_tokens=1, temperature=0)
+    assert ok.usage.completion_tokens == 1
+    # 400 tokens would take about 6 s here; the cancelled stream frees the engine at once
+    assert time.perf_counter() - left < 3, time.perf_counter() - left
+    metrics = httpx.get(f"{server}/metrics", headers=_auth()).text
+    assert 'kvtrim_errors_total{kind="cancelled"} 1.0' in metrics
+    assert time.perf_counter() - start < 60
+
+
+def test_metrics_count_what_happened(server, client):
+    client.completions.create(
+        model="any",
+        prompt=prose(80, seed=8),
+        max_tokens=2,
+        temperature=0,
+        extra_body={"kv_policy": "h2o", "kv_budget": 128},
+    )
+    text = httpx.get(f"{server}/metrics", headers=_auth()).text
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    assert values['kvtrim_requests_total{endpoint="/v1/completions",status="200"}'] >= 5
+    assert values["kvtrim_completion_tokens_total"] > 0 and values["kvtrim_evictions_total"] > 0
+    assert 0 < values["kvtrim_retention_ratio_mean"] < 1
+    assert values["kvtrim_kv_bytes_held"] > 0 and values["kvtrim_kv_bytes_full"] > 0
+    assert values["kvtrim_prefill_tokens_per_second_count"] >= 5
+    assert values['kvtrim_errors_total{kind="authentication"}'] >= 2
+    assert values['kvtrim_errors_total{kind="context_length_exceeded"}'] >= 1
+    assert values['kvtrim_errors_total{kind="invalid_request"}'] >= 2
+
+
+def test_a_full_queue_refuses_instead_of_growing():
+    from engine.sampling import Sampling
+    from engine.serve.runner import EngineRunner, Job, Overloaded
+
+    release = threading.Event()
+
+    class SlowSession:
+        def run_tokens(self, head, tail, **gen):
+            release.wait(10)
+            return iter(())
+
+        def close(self):
+            pass
+
+    class SlowEngine:
+        model_name = "slow"
+
+        def session(self, policy, budget, **settings):
+            return SlowSession()
+
+    runner = EngineRunner(SlowEngine(), max_queue=1)
+    job = Job([1], [2], "snapkv", 64, (), 4, Sampling(), ())
+    first = runner.submit(job)
+    with pytest.raises(Overloaded, match="retry later"):
+        runner.submit(job)
+    release.set()
+    with pytest.raises(Exception, match="without an answer"):
+        first.result(10)
+    assert runner.waiting == 0
+    runner.close()
+
+
+def test_chat_prompt_for_a_base_model(engine):
+    from engine.prompts import chat_prompt
+
+    p = chat_prompt(
+        engine.model,
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi?"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Who?"},
+        ],
+    )
+    assert p.prefix == "Be brief.\n\nQuestion: Hi?\nAnswer: Hello.\n\n"
+    assert p.suffix == "Question: Who?\nAnswer:" and "\nQuestion:" in p.stops
+    with pytest.raises(ValueError, match="last message"):
+        chat_prompt(engine.model, [{"role": "assistant", "content": "x"}])
