@@ -2,6 +2,7 @@
 
 kvtrim ask notes.txt --question "What is the pass key?" --policy snapkv --budget 1024
 kvtrim summarize notes.txt --json
+kvtrim summarize a.pdf b.docx notes/ --out summaries/
 kvtrim info
 kvtrim serve --policy h2o --budget 2048
 """
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from .bench import cli as bench_cli
@@ -31,8 +33,18 @@ from .stats import Done, Evicted, Progress, Token
 _MB = 1024 * 1024
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
+def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
+    if many:
+        p.add_argument(
+            "file",
+            nargs="+",
+            type=Path,
+            help="documents or folders (.txt .md .html .pdf .docx); several, a folder or "
+            "--out summarize each into its own Markdown file",
+        )
+        p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write")
+    else:
+        p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
     p.add_argument(
         "--policy",
         choices=list(POLICIES),
@@ -114,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question about a document")
     _common(ask)
     ask.add_argument("--question", "-q", required=True)
-    summ = sub.add_parser("summarize", help="summarize a document")
-    _common(summ)
+    summ = sub.add_parser("summarize", help="summarize a document, or many into --out")
+    _common(summ, many=True)
     bench_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
@@ -135,7 +147,63 @@ def _summary_line(result: dict[str, Any]) -> str:
     )
 
 
+def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tqdm import tqdm
+
+    from .batch import expand, summarize_many, table
+
+    files = expand(args.file)
+    out_dir = args.out or Path("summaries")
+    sampling = Sampling(args.temperature, args.top_p, args.seed)
+    bar = tqdm(total=len(files), file=err, disable=args.json or not err.isatty(), unit="file")
+
+    def progress(path: Path, event: object) -> None:
+        if isinstance(event, Progress):
+            bar.set_postfix_str(f"{path.name}: {event.done:,}/{event.total:,} tokens")
+        elif isinstance(event, Done):
+            bar.update(1)
+
+    with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
+        results = summarize_many(
+            engine,
+            files,
+            out_dir,
+            policy=args.policy,
+            budget_tokens=args.budget,
+            on_event=progress,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            stops=args.stop,
+        )
+    bar.close()
+    failed = [r for r in results if r.error]
+    if args.json:
+        rows = [
+            {
+                "file": str(r.path),
+                "out": str(r.out) if r.out else None,
+                "error": r.error,
+                "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
+                "retention": r.retention if r.stats else None,
+                "kv_bytes": r.stats.kv_bytes if r.stats else None,
+                "kv_bytes_full": r.stats.kv_bytes_full if r.stats else None,
+                "seconds": r.seconds,
+            }
+            for r in results
+        ]
+        out.write(json.dumps(rows) + "\n")
+    else:
+        out.write(table(results) + "\n")
+    for r in failed:
+        err.write(f"kvtrim: skipped {r.path}: {r.error}\n")
+    return 1 if failed else 0
+
+
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command == "summarize":
+        if len(args.file) > 1 or args.out is not None or args.file[0].is_dir():
+            return _batch(args, out, err)
+        args.file = args.file[0]
     text = load_document(args.file)
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     monitor = MemoryMonitor()
@@ -264,6 +332,7 @@ def main(
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings become our one line
     if getattr(args, "verbose", False):
         logging.getLogger("kvtrim.llama").setLevel(logging.INFO)
     try:

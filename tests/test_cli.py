@@ -157,3 +157,37 @@ def test_bad_settings_give_one_line_error(notes, argv, message):
     code, _out, err = _run("ask", str(notes), "-q", "Who?", *argv)
     assert code == 2, err
     assert err.startswith("kvtrim: error:") and message in err and err.count("\n") == 1
+
+
+def test_batch_summarize_writes_one_file_each_and_skips_bad_ones(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "more").mkdir(parents=True)
+    (docs / "a.txt").write_text(prose(30, seed=1))
+    (docs / "more" / "b.md").write_text("# Notes\n\n" + prose(200, seed=2))
+    (docs / "broken.docx").write_bytes(b"PK\x03\x04 not really a docx")
+    (docs / ".hidden.txt").write_text("skip me")
+    lone = tmp_path / "c.txt"
+    lone.write_text(prose(20, seed=3))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["summarize", str(docs), str(lone), "--out", str(tmp_path / "out"), "--budget", "256"]
+    code = main([*argv, "--max-tokens", "12"], out, err)
+    assert code == 1, "one input was skipped"
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["a.txt.md", "b.md.md", "c.txt.md"]
+    b = (tmp_path / "out" / "b.md.md").read_text()
+    assert b.startswith("# b.md\n") and "snapkv, budget 256" in b
+    table = out.getvalue()
+    assert "| broken.docx |" in table and "skipped" in table and ".hidden" not in table
+    assert "skipped" in err.getvalue() and "broken.docx" in err.getvalue()
+    rows = [line for line in table.splitlines() if line.startswith("| b.md")]
+    tokens = int(rows[0].split("|")[2].replace(",", ""))
+    assert tokens > 256  # read past the budget, evicting
+
+
+def test_batch_summarize_json(tmp_path):
+    (tmp_path / "a.txt").write_text(prose(15, seed=4))
+    out = io.StringIO()
+    argv = ["summarize", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--json"]
+    assert main([*argv, "--max-tokens", "4"], out, io.StringIO()) == 0
+    (row,) = json.loads(out.getvalue())
+    assert row["error"] is None and row["prompt_tokens"] > 0 and 0 < row["retention"] <= 1
