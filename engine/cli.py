@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .bench import cli as bench_cli
-from .documents import load_document
-from .errors import Cancelled, KvtrimError
+from .documents import SUFFIXES, load_document
+from .errors import Cancelled, DocumentError, KvtrimError
 from .monitor import MemoryMonitor
 from .policies import POLICIES
 from .runtime import Engine
@@ -153,6 +153,9 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .batch import expand, summarize_many, table
 
     files = expand(args.file)
+    if not files:
+        names = ", ".join(str(p) for p in args.file)
+        raise DocumentError(f"{names}: a directory with no documents ({', '.join(SUFFIXES)})")
     out_dir = args.out or Path("summaries")
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     bar = tqdm(total=len(files), file=err, disable=args.json or not err.isatty(), unit="file")
