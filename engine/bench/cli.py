@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import ConfigError
 from ..policies import POLICIES
 from . import report
 from .runner import BenchConfig, run, steps_total
@@ -83,9 +84,23 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     return cfg
 
 
+def _check_tools() -> None:
+    """Fail before hours of work, not after, when the plotting or ROUGE library is missing
+    (the PyInstaller bundle leaves them out)."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "rouge_score") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"kvtrim bench needs {' and '.join(missing)}; run it from a pip install "
+            "(bash scripts/setup.sh), not the app bundle"
+        )
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
+    _check_tools()
     if args.report_only:
         import json
 
