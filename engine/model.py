@@ -222,7 +222,9 @@ class Model:
         """Token ids of ``text`` (special tokens in the text are parsed)."""
         if not text:
             return [self._model.token_bos()] if add_bos else []
-        return list(self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
+        # lone surrogates (from JSON "\\ud800", say) cannot be UTF-8: they become "?"
+        data = text.encode("utf-8", errors="replace")
+        return list(self._model.tokenize(data, add_bos=add_bos, special=True))
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (may be part of a UTF-8 character)."""

@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
     ConfigError,
@@ -131,6 +132,14 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         metrics.errors.labels(exc.metric).inc()
         return JSONResponse(error_body(str(exc), exc.kind, exc.code, exc.param), exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own errors (unknown path, wrong method, unparsable body)."""
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_body")
+        metrics.errors.labels("invalid_request" if exc.status_code == 400 else code).inc()
+        return JSONResponse(error_body(str(exc.detail), kind, code), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..stats import KVStats
 
 FINISH = {"stop": "stop", "eog": "stop", "length": "length"}
+MAX_TOKENS = 32_768  # one answer at most; eviction would let it run for ever
 
 
 class KvOverrides(BaseModel):
@@ -47,7 +48,7 @@ class _Sampling(KvOverrides):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_TOKENS)
     echo: bool = False
     logprobs: int | None = None
 
@@ -68,8 +69,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     logprobs: bool | None = None
 
 
