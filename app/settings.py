@@ -30,6 +30,7 @@ class Settings:
     max_tokens: int = 256
     temperature: float = 0.0
     system_prompt: str = ""
+    answer_prefix: str = ""  # what answers start with: steers base models
     theme: str = "system"  # system, light or dark
 
     def validated(self) -> Settings:

@@ -159,6 +159,13 @@ class SettingsPanel(QWidget):
         self.system_prompt.setMaximumHeight(60)
         self.system_prompt.textChanged.connect(self._edited)
         form.addRow("System prompt", self.system_prompt)
+        self.answer_prefix = QLineEdit(settings.answer_prefix)
+        self.answer_prefix.setPlaceholderText("e.g. The pass key is")
+        self.answer_prefix.textChanged.connect(self._edited)
+        form.addRow(
+            "Answer starts with",
+            _explained(self.answer_prefix, "Steers base models, which continue text."),
+        )
         self.theme = QComboBox()
         for mode in ("system", "light", "dark"):
             self.theme.addItem(mode.capitalize(), mode)
@@ -240,5 +247,6 @@ class SettingsPanel(QWidget):
         s.policy = self.policy_name()
         s.budget_tokens = self.budget.value()
         s.system_prompt = self.system_prompt.toPlainText().strip()
+        s.answer_prefix = self.answer_prefix.text().strip()
         s.theme = str(self.theme.currentData())
         self.changed.emit()

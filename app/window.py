@@ -32,9 +32,11 @@ from PySide6.QtWidgets import (
 from engine import DocumentError, Done, Evicted, Progress, Token
 from engine.documents import load_document
 from engine.monitor import MemoryMonitor
+from engine.trace import MemoryMap
 
 from .chat import ChatView, MessageInput
 from .graphs import MemoryGraphs
+from .memory_view import MemoryView
 from .settings import Settings, save
 from .settings_panel import POLICY_LABELS, SettingsPanel
 from .store import Message, Store
@@ -65,6 +67,7 @@ class MainWindow(QMainWindow):
         self.busy = False
         self.job_conversation: int | None = None  # where the running answer goes
         self.replacing: int | None = None  # the answer a regeneration replaces when done
+        self.job_prefix = ""  # the answer prefix of the running job
         self.model_name = "loading model…"
         self.conversation = store.conversations()[0] if store.conversations() else None
         self.setWindowTitle("kvtrim")
@@ -146,8 +149,10 @@ class MainWindow(QMainWindow):
         scroll = QScrollArea()
         scroll.setWidget(self.panel)
         scroll.setWidgetResizable(True)
+        self.memory_view = MemoryView()
         self.tabs = QTabWidget()
-        self.tabs.addTab(self.graphs, "Memory")
+        self.tabs.addTab(self.graphs, "Graphs")
+        self.tabs.addTab(self.memory_view, "Memory")
         self.tabs.addTab(scroll, "Settings")
 
         split = QSplitter()
@@ -163,6 +168,7 @@ class MainWindow(QMainWindow):
         r.notice.connect(lambda text: self.statusBar().showMessage(text, 15_000))
         r.notice.connect(self.error.setText)
         r.event.connect(self._on_event)
+        r.memory_map.connect(self._on_memory_map)
         r.failed.connect(self._on_failed)
         r.cancelled.connect(self._on_cancelled)
         r.busy.connect(self._on_busy)
@@ -195,7 +201,9 @@ class MainWindow(QMainWindow):
     def apply_theme(self) -> None:
         app = QApplication.instance()
         if isinstance(app, QApplication):
-            self.graphs.set_dark(apply_theme(app, self.settings.theme))
+            dark = apply_theme(app, self.settings.theme)
+            self.graphs.set_dark(dark)
+            self.memory_view.set_dark(dark)
 
     # -- actions ----------------------------------------------------------
 
@@ -353,7 +361,8 @@ class MainWindow(QMainWindow):
             self.store.rename(cid, user_text[:40])
             self._refresh_conversations()
         self.job_conversation = cid
-        self.answer = ""
+        self.job_prefix = self.settings.answer_prefix if kind == "ask" else ""
+        self.answer = f"{self.job_prefix} " if self.job_prefix else ""
         self.error.clear()
         self.graphs.start()
         self._render()
@@ -370,6 +379,7 @@ class MainWindow(QMainWindow):
                 conversation=cid,
                 history=history,
                 system=s.system_prompt,
+                answer_prefix=self.job_prefix,
                 temperature=max(s.temperature, REGENERATE_TEMPERATURE) if fresh else s.temperature,
                 seed=random.randrange(2**31) if fresh else None,
                 fresh=fresh,
@@ -383,6 +393,11 @@ class MainWindow(QMainWindow):
         self.graphs.add_memory(self.monitor.sample())
         if self.busy and self.graphs.last is not None:
             self.graphs.add(self.graphs.last)
+
+    def _on_memory_map(self, memory_map: MemoryMap) -> None:
+        conversation = self.conversation.id if self.conversation else None
+        if conversation is not None and conversation == self.job_conversation:
+            self.memory_view.show_map(memory_map)
 
     def _on_model(self, name: str) -> None:
         self.model_name = name
@@ -416,10 +431,11 @@ class MainWindow(QMainWindow):
                 f"{POLICY_LABELS.get(s.policy, s.policy)}, budget {s.budget_tokens:,} · "
                 f"{s.cells_used:,} of {s.tokens_seen:,} tokens in cache"
             )
+            text = f"{self.job_prefix} {event.text.strip()}".strip()
             if self.replacing is not None:
-                self.store.update_message(self.replacing, event.text.strip(), meta)
+                self.store.update_message(self.replacing, text, meta)
             elif self.job_conversation is not None:
-                self.store.add_message(self.job_conversation, "assistant", event.text.strip(), meta)
+                self.store.add_message(self.job_conversation, "assistant", text, meta)
             self.answer = ""
             self.replacing = None
             self._render()
@@ -433,7 +449,8 @@ class MainWindow(QMainWindow):
 
     def _on_cancelled(self) -> None:
         self.progress.setVisible(False)
-        if self.answer.strip() and self.job_conversation is not None and self.replacing is None:
+        answered = self.answer.strip() not in ("", self.job_prefix.strip())
+        if answered and self.job_conversation is not None and self.replacing is None:
             self.store.add_message(
                 self.job_conversation, "assistant", self.answer.strip(), "stopped"
             )

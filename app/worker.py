@@ -8,6 +8,7 @@ llama.cpp's abort callback and the token loop read.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine import Cancelled, Done, Engine, KvtrimError, Sampling, Session
 from engine.stats import Event
+
+MAP_EVERY_S = 0.5  # memory maps while a job runs: twice a second, and at the end
 
 EngineFactory = Callable[[str | None, int, int | None], Any]
 """``(model_path, gpu_layers, threads) -> Engine``: swapped for a fake in tests."""
@@ -42,6 +45,7 @@ class Job:
     conversation: int = 0
     history: tuple[tuple[str, str], ...] = ()
     system: str = ""
+    answer_prefix: str = ""
     temperature: float = 0.0
     seed: int | None = None
     fresh: bool = False  # read everything again (Regenerate)
@@ -78,6 +82,7 @@ class EngineWorker(QObject):
     model_loaded = Signal(str)  # model name
     notice = Signal(str)  # something the user should know that is not an error
     event = Signal(object)  # an engine Event (Progress, Evicted, Token, Done)
+    memory_map = Signal(object)  # an engine.trace.MemoryMap, at most MAP_EVERY_S apart
     failed = Signal(str)  # a one-line message for the user
     cancelled = Signal()
     busy = Signal(bool)
@@ -138,9 +143,14 @@ class EngineWorker(QObject):
         try:
             session, events = self._start(job)
             self._session = session
+            last_map = 0.0
             for item in events:
                 self.event.emit(item)
                 ok = ok or isinstance(item, Done)
+                now = time.monotonic()
+                if ok or now - last_map >= MAP_EVERY_S:
+                    last_map = now
+                    self._send_map(session)
         except Cancelled:
             self.cancelled.emit()
         except KvtrimError as exc:
@@ -173,12 +183,25 @@ class EngineWorker(QObject):
             and chat.key == job.key()
             and chat.turns == len(job.history)
         ):
-            return chat.session, chat.session.follow_up(job.question, **gen)
+            prefix = job.answer_prefix
+            return chat.session, chat.session.follow_up(job.question, answer_prefix=prefix, **gen)
         self._drop_chat()
         session = self._engine.session(job.policy, job.budget_tokens, **dict(job.policy_settings))
         if job.kind == "summarize":
             return session, session.summarize(job.document, system=job.system, **gen)
-        return session, session.ask(job.transcript(), job.question, system=job.system, **gen)
+        return session, session.ask(
+            job.transcript(),
+            job.question,
+            system=job.system,
+            answer_prefix=job.answer_prefix,
+            **gen,
+        )
+
+    def _send_map(self, session: Any) -> None:
+        """What the cache holds, computed here where the session lives."""
+        memory_map = getattr(session, "memory_map", None)
+        if memory_map is not None:
+            self.memory_map.emit(memory_map())
 
     def _drop_chat(self) -> None:
         if self._chat is not None:
@@ -220,6 +243,7 @@ class _Relay(QObject):
     model_loaded = Signal(str)
     notice = Signal(str)
     event = Signal(object)
+    memory_map = Signal(object)
     failed = Signal(str)
     cancelled = Signal()
     busy = Signal(bool)
@@ -240,7 +264,8 @@ class WorkerThread:
         self.requests.forget.connect(self.worker.forget)
         self.requests.shutdown.connect(self.worker.shutdown)
         self.results = _Relay()
-        for name in ("model_loaded", "notice", "event", "failed", "cancelled", "busy"):
+        names = ("model_loaded", "notice", "event", "memory_map", "failed", "cancelled", "busy")
+        for name in names:
             getattr(self.worker, name).connect(getattr(self.results, name))
         self.thread.start()
 

@@ -115,6 +115,13 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         help="stop string (repeatable; default: the prompt's own)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--show-kept",
+        type=Path,
+        default=None,
+        metavar="FILE.html",
+        help="write what the cache held at the end, over the text, as an HTML page",
+    )
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
 
 
@@ -249,6 +256,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 elif isinstance(event, Done):
                     done = event
             monitor.sample()
+            if args.show_kept is not None and done is not None:
+                _write_kept(args, session, engine.model_name, done.text)
     monitor.close()
     assert done is not None
     s = done.stats
@@ -287,6 +296,23 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.flush()
         err.write(_summary_line(result) + "\n")
     return 0
+
+
+def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:
+    from .kept_html import render_html
+
+    question = getattr(args, "question", "")
+    prefix = getattr(args, "answer_prefix", "").strip()
+    page = render_html(
+        session.memory_map(),
+        model=model,
+        question=question,
+        answer=f"{prefix} {answer.strip()}".strip(),
+    )
+    try:
+        args.show_kept.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise DocumentError(f"cannot write {args.show_kept}: {exc.strerror or exc}") from None
 
 
 def _info(args: argparse.Namespace, out: TextIO) -> int:

@@ -226,13 +226,15 @@ class Model:
         data = text.encode("utf-8", errors="replace")
         return list(self._model.tokenize(data, add_bos=add_bos, special=True))
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token (may be part of a UTF-8 character)."""
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character); ``special``
+        renders control tokens (``<start_of_turn>``) as their text."""
+        vocab = self._model.vocab
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
     def detokenize(self, tokens: list[int]) -> str:

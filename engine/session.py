@@ -27,6 +27,7 @@ from .policies import Observation, Policy
 from .prompts import Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .sampling import Sampler, Sampling, StopMatcher
 from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
+from .trace import MemoryMap, TokenTrace
 
 MIN_CHUNK = 16
 CACHE_PAD = 256  # llama.cpp allocates KV caches in multiples of 256 cells
@@ -124,6 +125,7 @@ class Session:
         self.budget = budget
         self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
         self.stats = self._new_stats()
+        self.trace = self._new_trace()
         self._logits: np.ndarray | None = None
         self._rows: np.ndarray | None = None
         self._t0 = time.perf_counter()
@@ -140,6 +142,7 @@ class Session:
         self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
         self.policy.reset()
         self.stats = self._new_stats()
+        self.trace = self._new_trace()
         self._logits = None
 
     def ask(
@@ -180,6 +183,7 @@ class Session:
         self.stats.first_token_s = None
         prompt = follow_up_prompt(self.model, question, answer_prefix)
         turn = self.model.tokenize(prompt.suffix)
+        self.trace.add("turn", prompt.suffix, turn)
         yield from self.feed(turn, observe=turn, logits=True)
         yield from self.generate(
             max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
@@ -197,12 +201,18 @@ class Session:
         head = self.model.tokenize(prompt.prefix, add_bos=prompt.add_bos)
         body = self.model.tokenize(prompt.document)
         tail = self.model.tokenize(prompt.suffix)
+        sources = [
+            ("prompt", prompt.prefix, head),
+            ("document", prompt.document, body),
+            ("question", prompt.suffix, tail),
+        ]
         return self.run_tokens(
             head + body,
             tail,
             max_tokens=max_tokens,
             sampling=sampling,
             stops=stops if stops is not None else prompt.stops,
+            sources=sources,
         )
 
     def run_tokens(
@@ -213,14 +223,23 @@ class Session:
         max_tokens: int = 128,
         sampling: Sampling | None = None,
         stops: Sequence[str] = (),
+        sources: Sequence[tuple[str, str, Sequence[int]]] | None = None,
     ) -> Iterator[Event]:
         """Fresh cache; read ``head`` (evicting as needed, with ``tail`` as the question
-        that votes), then ``tail``, then generate. ``tail`` must not be empty."""
+        that votes), then ``tail``, then generate. ``tail`` must not be empty.
+
+        ``sources``: ``(name, text, tokens)`` whose tokens are ``head + tail`` in
+        order, for the memory map; by default the two parts' own text."""
         if not tail:
             raise ConfigError("the prompt's last part (the question) is empty")
         self.ctx.cancel_event.clear()
         self.reset()
         self._t0 = time.perf_counter()
+        for name, text, tokens in sources or [
+            ("prompt", self._text_of(head), head),
+            ("question", self._text_of(tail), tail),
+        ]:
+            self.trace.add(name, text, tokens)
         yield from self.feed(head, observe=tail, logits=False)
         yield from self.feed(tail, logits=True)
         yield from self.generate(
@@ -297,6 +316,7 @@ class Session:
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         start, base = time.perf_counter(), self.stats.decode_s
         reason = "length"
+        self.trace.start_answer()
         try:
             for _ in range(max_tokens):
                 token = sample(self._logits)
@@ -307,6 +327,7 @@ class Session:
                     break
                 if self.cache.n_used >= self.capacity:
                     yield from self._evict([])
+                self.trace.add_answer_token(token)
                 self._decode([token], logits=True)
                 self.stats.generated_tokens += 1
                 self.stats.decode_s = base + time.perf_counter() - start
@@ -322,6 +343,25 @@ class Session:
         if tail:
             yield Token(-1, tail, self.stats)
         yield Done(matcher.text, reason, self.stats)
+
+    def memory_map(self) -> MemoryMap:
+        """What the cache holds now, mapped to the source text (see trace.py).
+
+        O(tokens read): cheap enough to call between events of a long prefill.
+        """
+        held = self.cache.ids
+        n_sink = min(self.policy.n_sink, len(held))
+        recent = self.policy.recent_for(self.budget) if self.policy.evicts else 0
+        if self.policy.recency_only:
+            recent = len(held) - n_sink
+        return self.trace.snapshot(
+            held,
+            self.cache.next_id,
+            n_sink,
+            min(recent, len(held) - n_sink),
+            self.policy.name,
+            self.budget,
+        )
 
     def close(self) -> None:
         self.ctx.close()
@@ -341,6 +381,13 @@ class Session:
             n_ctx=self.ctx.n_ctx,
             kv_bytes_per_cell=self.model.info.kv_bytes_per_cell(),
         )
+
+    def _new_trace(self) -> TokenTrace:
+        return TokenTrace(lambda token: self.model.piece(token, special=True))
+
+    def _text_of(self, tokens: Sequence[int]) -> str:
+        pieces = b"".join(self.model.piece(t, special=True) for t in tokens)
+        return pieces.decode("utf-8", errors="replace")
 
     def _question_aware(self) -> bool:
         return self.config.question_aware and self.capture is not None and self.policy.evicts
@@ -415,7 +462,10 @@ class Session:
             )
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
+        self.policy.last_scored = None
         keep = self.policy.keep(self.cache.ids, self.budget, query)
+        if self.policy.last_scored is not None:
+            self.trace.score(*self.policy.last_scored)
         removed = self.cache.keep_only(keep)
         if self.config.positions == "compact":
             self.cache.compact()

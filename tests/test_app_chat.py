@@ -197,3 +197,16 @@ def test_gpu_layers_on_a_build_without_gpu_say_so(qtbot, tmp_path):
     qtbot.waitUntil(lambda: "runs on the CPU" in w.error.text(), timeout=5000)
     _ask(qtbot, w, "works anyway?")
     w.close()
+
+
+def test_answer_prefix_steers_and_starts_the_answer(qtbot, tmp_path, engines):
+    w = _open(qtbot, tmp_path, engines, Settings(answer_prefix="The pass key is"))
+    _ask(qtbot, w, "What is the pass key?")
+    _ask(qtbot, w, "And again?")
+    s = engines.current.sessions[0]
+    assert [g["answer_prefix"] for g in s.gen] == ["The pass key is"] * 2
+    answers = [m.content for m in w.store.messages(w.conversation.id) if m.role == "assistant"]
+    assert answers == ["The pass key is forty-two"] * 2
+    w.panel.answer_prefix.setText("")
+    assert load(tmp_path / "settings.json").answer_prefix == ""
+    w.close()

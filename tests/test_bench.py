@@ -28,6 +28,7 @@ def test_outputs_exist(quick):
         "accuracy_vs_budget.png",
         "kv_memory_vs_length.png",
         "decode_speed_vs_length.png",
+        "memory_maps.png",
     ):
         assert (out_dir / name).stat().st_size > 500, name
     md = (out_dir / "report.md").read_text()
@@ -106,3 +107,14 @@ def test_targets_are_judged_from_the_records():
     judged = {name.split(":")[0]: ok for name, _, ok in report.targets(result)}
     assert judged["budget 1/8"] is True
     assert judged["budget 1/4"] is True
+
+
+def test_needle_maps_per_policy(quick):
+    out_dir, result, _ = quick
+    maps = {m["policy"]: m for m in result["maps"]}
+    assert set(maps) == {"full", "streaming", "snapkv"}
+    assert maps["full"]["retention"] == 1.0 and maps["full"]["needle_kept"]
+    assert not maps["streaming"]["needle_kept"], "the key is far from streaming's window"
+    for m in maps.values():
+        assert len(m["kept"]) == len(m["top"]) and 0 <= min(m["kept"]) <= max(m["kept"]) <= 1
+    assert "## What each policy keeps" in (out_dir / "report.md").read_text()

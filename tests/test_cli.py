@@ -191,3 +191,39 @@ def test_batch_summarize_json(tmp_path):
     assert main([*argv, "--max-tokens", "4"], out, io.StringIO()) == 0
     (row,) = json.loads(out.getvalue())
     assert row["error"] is None and row["prompt_tokens"] > 0 and 0 < row["retention"] <= 1
+
+
+def test_show_kept_writes_a_self_contained_page(tmp_path):
+    from html.parser import HTMLParser
+
+    from docs_for_tests import passkey_document
+
+    doc = tmp_path / "haystack.txt"
+    doc.write_text(passkey_document(60, 0.4, 48213))
+    page = tmp_path / "kept.html"
+    argv = ["ask", str(doc), "-q", "What is the pass key?", "--budget", "256"]
+    code = main(
+        [*argv, "--max-tokens", "6", "--show-kept", str(page)], io.StringIO(), io.StringIO()
+    )
+    assert code == 0
+    html = page.read_text()
+
+    class Parse(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[str] = []
+            self.refs: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.refs += [v for k, v in attrs if k in ("src", "href") and v]
+
+    parsed = Parse()
+    parsed.feed(html)
+    assert "snapkv" in html and "256-token budget" in html and "What is the pass key?" in html
+    assert all(ref.startswith("#m") for ref in parsed.refs), "self-contained: only in-page links"
+    assert "script" not in parsed.tags and parsed.tags.count("a") == 200
+    import re
+
+    assert '<span class="e">' in html
+    assert "48213" in re.sub(r"<[^>]+>", "", html), "the text survives, spread over spans"

@@ -54,6 +54,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument(
+        "--maps-only",
+        action="store_true",
+        help="add the needle memory maps to OUT/results.json and rewrite the report",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="rewrite report.md and the plots from OUT/results.json",
@@ -97,6 +102,25 @@ def _check_tools() -> None:
         )
 
 
+def _maps_only(cfg: BenchConfig, out_dir: Path, out: TextIO) -> int:
+    """Needle memory maps added to an earlier run's results (or alone)."""
+    import json
+
+    from ..runtime import Engine
+    from .runner import run_maps
+
+    path = out_dir / "results.json"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: run kvtrim bench --out {out_dir} first")
+    result = json.loads(path.read_text())
+    with Engine(cfg.model, n_threads=cfg.threads) as engine:
+        result["maps"] = run_maps(engine, cfg, lambda label: None)
+    path.write_text(json.dumps(result, indent=1))
+    report_path = report.write(result, out_dir, result.get("command", "kvtrim bench"))
+    out.write(f"wrote {path} and {report_path}\n")
+    return 0
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
@@ -109,6 +133,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(f"wrote {path}\n")
         return 0
     cfg = config_from(args)
+    if args.maps_only:
+        return _maps_only(cfg, args.out, out)
     total = steps_total(cfg)
     bar = tqdm(total=total, file=err, disable=not err.isatty(), unit="run")
     done = 0

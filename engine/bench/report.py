@@ -185,6 +185,19 @@ def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, measured, ok in targets(result):
         lines.append(f"| {name} | {measured} | {'yes' if ok else '**no**'} |")
+    if result.get("maps"):
+        from . import maps
+
+        lines += [
+            "",
+            "## What each policy keeps",
+            "",
+            f"One passkey run per policy ({result['maps'][0]['tokens']:,} tokens, key at "
+            f"{maps.DEPTH:.0%} of the haystack), the cache's contents when it answers "
+            "(memory_maps.png below; `kvtrim ask --show-kept` draws the same over the text):",
+            "",
+            *maps.summary(result["maps"]),
+        ]
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -275,6 +288,11 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         fig.savefig(out_dir / fname, dpi=110)
         names.append(fname)
         plt.close(fig)
+    if result.get("maps"):
+        from . import maps
+
+        maps.plot(result["maps"], out_dir / "memory_maps.png")
+        names.append("memory_maps.png")
     return names
 
 

@@ -23,7 +23,7 @@ import psutil
 from ..policies import POLICIES
 from ..runtime import Engine
 from ..session import default_threads
-from . import tasks, texts
+from . import maps, tasks, texts
 from .reference import plain_llama
 
 
@@ -206,7 +206,7 @@ def _scaling(
 def steps_total(cfg: BenchConfig) -> int:
     n_budget_rows = sum(len(cfg.budget_cells()) if p != "full" else 1 for p in cfg.policies)
     quality = n_budget_rows * (cfg.trials * cfg.depths * 2 + 2)
-    return quality + len(cfg.lengths) * (len(cfg.policies) + 2)
+    return quality + len(cfg.lengths) * (len(cfg.policies) + 2) + 1
 
 
 def machine() -> dict[str, Any]:
@@ -229,6 +229,7 @@ def run(cfg: BenchConfig, out_dir: Path, step: Progress, command: str = "") -> d
         info = engine.model.info
         _quality(engine, cfg, records.append, step)
         _scaling(engine, cfg, records.append, step)
+        needle = run_maps(engine, cfg, step)
     result = {
         "command": command,
         "config": asdict(cfg),
@@ -242,6 +243,14 @@ def run(cfg: BenchConfig, out_dir: Path, step: Progress, command: str = "") -> d
         "text_source": texts.SOURCE,
         "elapsed_s": time.perf_counter() - start,
         "records": records,
+        "maps": needle,
     }
     (out_dir / "results.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def run_maps(engine: Engine, cfg: BenchConfig, step: Progress) -> list[dict[str, Any]]:
+    """One needle run per policy at the smallest budget, with its memory map."""
+    out = maps.needle_maps(engine, cfg.policies, cfg.length, min(cfg.budget_cells()))
+    step(f"memory maps of {len(out)} needle runs")
+    return out

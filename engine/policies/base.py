@@ -10,7 +10,7 @@ budget by score. The engine alone turns the kept ids into KV calls.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -63,6 +63,12 @@ class Policy(ABC):
     evicts: ClassVar[bool] = True
     query_rows: ClassVar[int | None] = None
     """Trailing query rows of each decode to observe (None: all rows)."""
+    recency_only: ClassVar[bool] = False
+    """Whether the score is only recency (what it keeps beyond the sinks is a recent window)."""
+    last_scored: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """``(ids, scores)`` of the latest ``keep`` that scored, for the memory map."""
 
     def __post_init__(self) -> None:
         if self.n_sink < 0 or self.recent < 0:
@@ -106,6 +112,7 @@ class Policy(ABC):
             must[n - recent :] = True
         free = budget - int(must.sum())
         scores = np.asarray(self.score(ids, query), dtype=np.float64)
+        self.last_scored = (ids, scores)
         candidates = np.flatnonzero(~must)
         # stable sort on -score: among equal scores the later token wins
         order = np.argsort(-scores[candidates][::-1], kind="stable")

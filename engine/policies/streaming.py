@@ -24,6 +24,7 @@ class StreamingLLM(Policy):
 
     name: ClassVar[str] = "streaming"
     needs_attention: ClassVar[bool] = False
+    recency_only: ClassVar[bool] = True
 
     def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:
         return ids.astype(np.float64)

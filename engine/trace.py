@@ -1,0 +1,208 @@
+"""Which parts of the source text the cache still holds.
+
+Every token a session decodes gets an id (0, 1, 2, ... in reading order, as in
+kvcache.py). ``TokenTrace`` remembers, per id, the text it came from (a
+``Segment``: the prompt, the document, the question, an answer, a chat turn)
+and its character span there, plus the latest score the policy gave it.
+``MemoryMap`` is a snapshot: per segment, each token's span, role and score.
+Units: spans are Python string indices (characters) into ``Segment.text``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# roles of a token in a MemoryMap
+UNREAD, EVICTED, SCORED, SINK, RECENT = 0, 1, 2, 3, 4
+TOP, HEADING = 5, 6  # display roles: among the strongest scores; a segment heading
+TOP_SHARE = 0.1  # the top tenth of kept-by-score tokens count as the strongest
+SEGMENT_TITLES = {"turn": "your message"}
+ROLE_NAMES = {
+    UNREAD: "unread",
+    EVICTED: "evicted",
+    SCORED: "kept by score",
+    SINK: "sink",
+    RECENT: "recent",
+}
+
+
+def _char_index(data: bytes) -> np.ndarray:
+    """For each byte offset 0..len(data), the index of the character it falls in
+    (the offset of the end maps to the number of characters)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    starts = (arr & 0xC0) != 0x80  # not a UTF-8 continuation byte
+    index = np.cumsum(starts) - 1
+    return np.append(index, int(starts.sum())).astype(np.int64)
+
+
+def byte_spans(pieces: Sequence[bytes], data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Byte ``(starts, ends)`` of each token's piece in ``data``.
+
+    Exact when the pieces concatenate to the text (Gemma's tokenizer, and any
+    without an added space prefix); a space prefix the text does not have is
+    skipped; otherwise spans are spread in proportion (a coarse map, not a crash).
+    """
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    joined = b"".join(pieces)
+    shift = 0
+    if joined != data and joined[1:] == data and joined[:1] == b" ":
+        shift = 1
+    elif joined != data:
+        total = max(int(lengths.sum()), 1)
+        lengths = np.round(lengths * (len(data) / total)).astype(np.int64)
+    ends = np.minimum(np.cumsum(lengths) - shift, len(data)).clip(0)
+    starts = np.concatenate(([0], ends[:-1]))
+    return starts, ends
+
+
+@dataclass
+class Segment:
+    """A run of consecutive token ids that came from one text."""
+
+    name: str
+    text: str
+    first_id: int
+    char_starts: np.ndarray
+    char_ends: np.ndarray
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.char_starts)
+
+
+@dataclass
+class MemoryMap:
+    """A snapshot: ``roles[i]``/``scores[i]`` (NaN: never scored) per segment's tokens."""
+
+    policy: str
+    budget_tokens: int
+    tokens_seen: int
+    tokens_kept: int
+    segments: list[Segment]
+    roles: list[np.ndarray]
+    scores: list[np.ndarray]
+
+    @property
+    def retention(self) -> float:
+        """Tokens held / tokens read (1.0 before any token)."""
+        return self.tokens_kept / self.tokens_seen if self.tokens_seen else 1.0
+
+    def segment(self, name: str) -> int:
+        """Index of the first segment called ``name``."""
+        return next(i for i, s in enumerate(self.segments) if s.name == name)
+
+    def char_roles(self, index: int, *, strongest: bool = False) -> np.ndarray:
+        """One role per character of segment ``index`` (characters no token covers,
+        like a byte-fallback tail, take the role of the token before). ``strongest``
+        marks the top ``TOP_SHARE`` of kept-by-score tokens as ``TOP``."""
+        seg = self.segments[index]
+        roles = self.roles[index]
+        out = np.full(len(seg.text), UNREAD, dtype=np.uint8)
+        for start, end, role in zip(seg.char_starts, seg.char_ends, roles, strict=True):
+            out[start : max(end, start + 1)] = role
+        scores = self.scores[index]
+        scored = (roles == SCORED) & np.isfinite(scores)
+        if strongest and scored.sum() >= 10:
+            cut = np.quantile(scores[scored], 1 - TOP_SHARE)
+            for j in np.flatnonzero(scored & (scores >= cut)):
+                start, end = seg.char_starts[j], seg.char_ends[j]
+                out[start : max(end, start + 1)] = TOP
+        return out
+
+
+@dataclass
+class TokenTrace:
+    """Source spans and latest scores of every id a session has decoded or will."""
+
+    piece: Callable[[int], bytes]
+    segments: list[Segment] = field(default_factory=list)
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    _answer: list[bytes] = field(default_factory=list)
+
+    @property
+    def n_ids(self) -> int:
+        return self.segments[-1].first_id + self.segments[-1].n_tokens if self.segments else 0
+
+    def add(self, name: str, text: str, tokens: Sequence[int]) -> None:
+        """``tokens`` (of ``text``) get the next ids; call before decoding them."""
+        if not tokens:
+            return
+        data = text.encode("utf-8", errors="replace")
+        starts, ends = byte_spans([self.piece(t) for t in tokens], data)
+        chars = _char_index(data)
+        self.segments.append(Segment(name, text, self.n_ids, chars[starts], chars[ends]))
+        self._grow()
+
+    def start_answer(self, name: str = "answer") -> None:
+        self._answer = []
+        self.segments.append(
+            Segment(name, "", self.n_ids, np.zeros(0, np.int64), np.zeros(0, np.int64))
+        )
+
+    def add_answer_token(self, token: int) -> None:
+        """One generated token, decoded after the others of the current answer."""
+        seg = self.segments[-1]
+        self._answer.append(self.piece(token))
+        data = b"".join(self._answer)
+        starts, ends = byte_spans(self._answer, data)
+        chars = _char_index(data)
+        seg.text = data.decode("utf-8", errors="replace")
+        seg.char_starts, seg.char_ends = chars[starts], chars[ends]
+        self._grow()
+
+    def score(self, ids: np.ndarray, scores: np.ndarray) -> None:
+        if len(ids):
+            self._grow(int(ids.max()) + 1)  # ids fed without a source (teacher forcing)
+            self.scores[ids] = scores
+
+    def _grow(self, n: int = 0) -> None:
+        n = max(n, self.n_ids)
+        if len(self.scores) < n:
+            grown = np.full(max(n, 2 * len(self.scores)), np.nan, dtype=np.float32)
+            grown[: len(self.scores)] = self.scores
+            self.scores = grown
+
+    def snapshot(
+        self, held: np.ndarray, next_id: int, n_sink: int, recent: int, policy: str, budget: int
+    ) -> MemoryMap:
+        """Roles from the held ids (sorted): the first ``n_sink`` are sinks, the newest
+        ``recent`` the recent window, other held ids were kept by score; ids below
+        ``next_id`` not held were evicted, ids from ``next_id`` on are unread."""
+        role = np.full(max(self.n_ids, next_id), UNREAD, dtype=np.uint8)
+        role[:next_id] = EVICTED
+        role[held] = SCORED
+        role[held[:n_sink]] = SINK
+        if recent:
+            role[held[-recent:]] = RECENT
+        roles, scores = [], []
+        for seg in self.segments:
+            ids = slice(seg.first_id, seg.first_id + seg.n_tokens)
+            roles.append(role[ids].copy())
+            scores.append(self.scores[ids].copy())
+        # copies: the answer segment keeps growing after the snapshot is handed over
+        segments = [dataclasses.replace(seg) for seg in self.segments]
+        return MemoryMap(policy, budget, next_id, len(held), segments, roles, scores)
+
+
+def display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
+    """All segments as one text with a heading each, and a role per character
+    (``TOP`` for the strongest-scored kept tokens, ``HEADING`` for headings)."""
+    texts: list[str] = []
+    roles: list[np.ndarray] = []
+    for i, seg in enumerate(m.segments):
+        if not seg.text.strip():
+            continue
+        heading = f"── {SEGMENT_TITLES.get(seg.name, seg.name)} ──\n"
+        texts += [heading, seg.text, "\n\n"]
+        roles += [
+            np.full(len(heading), HEADING, np.uint8),
+            m.char_roles(i, strongest=True),
+            np.zeros(2, np.uint8),
+        ]
+    if not texts:
+        return "", np.zeros(0, np.uint8)
+    return "".join(texts), np.concatenate(roles)

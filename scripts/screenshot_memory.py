@@ -1,0 +1,69 @@
+"""Screenshot of the Memory view after a needle question, in the real window.
+
+    xvfb-run -a -s "-screen 0 1280x800x24" .venv/bin/python \
+        scripts/screenshot_memory.py docs/memory.png
+
+The bundled 9,200-token passkey sample, SnapKV at a 1,024-token budget, answer
+prefix "The pass key is"; when the answer is done the Memory tab is shown,
+scrolled to the key.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+from app.settings import Settings
+from app.store import Store
+from app.window import MainWindow
+from app.worker import WorkerThread
+from engine import Done
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY_LINE = "The pass key is"
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/memory.png")
+    app = QApplication(sys.argv[:1])
+    store = Store(Path(tempfile.mkdtemp()) / "history.sqlite3")
+    settings = Settings(budget_tokens=1024, max_tokens=16, answer_prefix=KEY_LINE)
+    window = MainWindow(WorkerThread(), store, settings)
+    window.resize(1280, 800)
+    window.centralWidget().setSizes([170, 470, 640])
+    window.show()
+
+    def ask() -> None:
+        window.attach(ROOT / "resources" / "samples" / "passkey.txt")
+        window.input.setPlainText("What is the pass key?")
+        window.send()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Done):
+            window.tabs.setCurrentWidget(window.memory_view)
+            QTimer.singleShot(1500, focus)
+
+    def focus() -> None:
+        view = window.memory_view
+        text = view.text.toPlainText()
+        at = text.find(KEY_LINE, text.find("── document"))
+        view.scroll_to(at / max(len(text), 1))
+        QTimer.singleShot(700, shoot)
+
+    def shoot() -> None:
+        window.grab().save(str(out))
+        print(f"wrote {out}")
+        QTimer.singleShot(300, window.close)
+        QTimer.singleShot(1200, app.quit)
+
+    window.worker.results.event.connect(on_event)
+    window.worker.results.model_loaded.connect(lambda _name: QTimer.singleShot(200, ask))
+    app.exec()
+
+
+if __name__ == "__main__":
+    main()
