@@ -17,8 +17,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QInputDialog,
     QLabel,
-    QListWidget,
-    QListWidgetItem,
     QMainWindow,
     QProgressBar,
     QPushButton,
@@ -39,6 +37,7 @@ from .graphs import MemoryGraphs
 from .memory_view import MemoryView
 from .settings import Settings, save
 from .settings_panel import POLICY_LABELS, SettingsPanel
+from .sidebar import Sidebar
 from .store import Message, Store
 from .theme import apply_theme
 from .worker import Job, WorkerThread
@@ -91,20 +90,9 @@ class MainWindow(QMainWindow):
     # -- layout -----------------------------------------------------------
 
     def _build(self) -> None:
-        self.conversations = QListWidget()
-        new = QPushButton("New chat")
-        new.clicked.connect(self.new_chat)
-        self.rename_button = QPushButton("Rename")
-        self.delete_button = QPushButton("Delete")
-        self.export_button = QPushButton("Export…")
-        row = QHBoxLayout()
-        for b in (self.rename_button, self.delete_button, self.export_button):
-            row.addWidget(b)
-        left = QWidget()
-        lv = QVBoxLayout(left)
-        lv.addWidget(new)
-        lv.addWidget(self.conversations)
-        lv.addLayout(row)
+        self.sidebar = left = Sidebar()
+        self.conversations = self.sidebar.list
+        self.delete_button = self.sidebar.delete_button
 
         self.doc_label = QLabel()
         self.doc_label.setWordWrap(True)
@@ -179,12 +167,13 @@ class MainWindow(QMainWindow):
         self.stop_button.clicked.connect(self.stop)
         self.attach_button.clicked.connect(self._pick_files)
         self.clear_docs_button.clicked.connect(self.detach)
-        self.rename_button.clicked.connect(self._rename_dialog)
-        self.delete_button.clicked.connect(self.delete_chat)
-        self.export_button.clicked.connect(self._export_dialog)
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.rename_requested.connect(self._rename_dialog)
+        self.sidebar.delete_requested.connect(self.delete_chat)
+        self.sidebar.export_requested.connect(self._export_dialog)
+        self.sidebar.selected.connect(self._select_conversation_id)
         self.panel.changed.connect(self._settings_changed)
         self.panel.reload_requested.connect(self._reload_model)
-        self.conversations.currentItemChanged.connect(self._on_conversation_item)
         QShortcut(QKeySequence("Ctrl+N"), self, self.new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
 
@@ -494,20 +483,10 @@ class MainWindow(QMainWindow):
         self.clear_docs_button.setVisible(True)
 
     def _refresh_conversations(self) -> None:
-        self.conversations.blockSignals(True)
-        self.conversations.clear()
-        for c in self.store.conversations():
-            item = QListWidgetItem(c.title)
-            item.setData(Qt.ItemDataRole.UserRole, c.id)
-            self.conversations.addItem(item)
-            if self.conversation and c.id == self.conversation.id:
-                self.conversations.setCurrentItem(item)
-                self.conversation = c
-        self.conversations.blockSignals(False)
-
-    def _on_conversation_item(self, item: QListWidgetItem | None) -> None:
-        if item is not None:
-            self._select_conversation_id(item.data(Qt.ItemDataRole.UserRole))
+        conversations = self.store.conversations()
+        current = self.conversation.id if self.conversation else None
+        self.conversation = next((c for c in conversations if c.id == current), None)
+        self.sidebar.show_conversations(conversations, current)
 
     def _select_conversation_id(self, cid: int | None) -> None:
         """Show a conversation and re-open its documents (a moved file is a message)."""

@@ -14,7 +14,8 @@ from docs_for_tests import text_pdf
 from engine.model import default_model_path
 
 
-def _pdfs() -> dict[str, bytes]:
+def pdfs() -> dict[str, bytes]:
+    """Broken PDFs: image-only, encrypted, corrupt, truncated."""
     from pypdf import PdfReader, PdfWriter
 
     blank = PdfWriter()
@@ -54,7 +55,7 @@ def documents(tmp: Path) -> dict[str, tuple[Path, str | None]]:
         "d\u00e9j\u00e0 vu ".encode() * 50 + "fa\u00e7ade ".encode("latin-1") * 50,
         None,
     )
-    for name, data in _pdfs().items():
+    for name, data in pdfs().items():
         expect = {
             "image-only.pdf": "no text layer",
             "encrypted.pdf": "encrypted",

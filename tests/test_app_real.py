@@ -49,6 +49,11 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[1].content and "SnapKV, budget 256" in messages[1].meta
     assert len(w.graphs.samples) >= 2 and w.graphs.last.evicted_tokens > 0
+    memory = w.memory_view.map  # the worker sent memory maps; the last one is the answer's
+    assert memory is not None and memory.segments[memory.segment("document")].text
+    assert memory.segments[-1].name == "answer" and memory.tokens_kept < memory.tokens_seen
+    w.tabs.setCurrentWidget(w.memory_view)  # drawn when shown
+    qtbot.waitUntil(lambda: "snapkv" in w.memory_view.summary.text(), timeout=5000)
 
     w.new_chat()
     _drop(w, long)

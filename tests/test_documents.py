@@ -70,29 +70,15 @@ def test_pdf_text_layer(tmp_path):
 
 
 def test_pdf_failures_are_one_line(tmp_path):
-    import io
+    from bad_inputs import pdfs
 
-    from docs_for_tests import text_pdf
-    from pypdf import PdfReader, PdfWriter
-
-    blank = PdfWriter()
-    blank.add_blank_page(200, 200)
-    buf = io.BytesIO()
-    blank.write(buf)
-    secret = PdfWriter(clone_from=PdfReader(io.BytesIO(text_pdf(["secret text"]))))
-    secret.encrypt("hunter2")
-    enc = io.BytesIO()
-    secret.write(enc)
-    cases = {
-        "scan.pdf": (buf.getvalue(), "no text layer"),
-        "locked.pdf": (enc.getvalue(), "encrypted"),
-        "broken.pdf": (b"%PDF-1.4\n1 0 obj <</Type /Catalog", "not a readable PDF"),
-        "fake.pdf": (b"hello, not a pdf at all", "not a readable PDF"),
-    }
-    for name, (data, message) in cases.items():
-        with pytest.raises(DocumentError, match=message) as info:
+    messages = {"image-only.pdf": "no text layer", "encrypted.pdf": "encrypted"}
+    for name, data in pdfs().items():
+        with pytest.raises(DocumentError, match=messages.get(name, "not a readable PDF")) as info:
             load_document(_write(tmp_path, name, data))
         assert "\n" not in str(info.value)
+    with pytest.raises(DocumentError, match="not a readable PDF"):
+        load_document(_write(tmp_path, "fake.pdf", b"hello, not a pdf at all"))
 
 
 def test_docx_paragraphs_and_tables(tmp_path):
