@@ -210,3 +210,31 @@ def test_answer_prefix_steers_and_starts_the_answer(qtbot, tmp_path, engines):
     w.panel.answer_prefix.setText("")
     assert load(tmp_path / "settings.json").answer_prefix == ""
     w.close()
+
+
+def test_out_of_memory_is_a_message_and_the_next_message_works(qtbot, tmp_path):
+    from engine import OutOfMemoryError
+
+    class Tight(FakeEngine):
+        def session(self, policy, budget, **settings):
+            if budget > 4096:
+                raise OutOfMemoryError(
+                    f"could not allocate a KV cache of {budget} cells; try a smaller --budget"
+                )
+            return super().session(policy, budget)
+
+    w = MainWindow(
+        WorkerThread(lambda p, layers, t: Tight()),
+        Store(tmp_path / "h.db"),
+        Settings(budget_tokens=65536),
+    )
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.model_name == "Fake 1B", timeout=5000)
+    w.input.setPlainText("a long one?")
+    w.send()
+    qtbot.waitUntil(lambda: "smaller" in w.error.text(), timeout=5000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=5000)
+    w.budget.setValue(1024)
+    _ask(qtbot, w, "and now?")
+    assert w.store.messages(w.conversation.id)[-1].content == "forty-two"
+    w.close()

@@ -152,8 +152,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         else:
             message, code = f"{where}: {first.get('msg', 'invalid value')}", "invalid_value"
         metrics.errors.labels("invalid_request").inc()
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return JSONResponse(error_body(message, "invalid_request_error", code, param), 400)
+        return JSONResponse(error_body(message, "invalid_request_error", code, where or None), 400)
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
