@@ -30,6 +30,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QVBoxLayout, 
 from engine.trace import (
     EVICTED,
     HEADING,
+    KEPT_ROLES,
     RECENT,
     SCORED,
     SINK,
@@ -37,6 +38,7 @@ from engine.trace import (
     UNREAD,
     MemoryMap,
     display_roles,
+    strip,
 )
 
 COST_FACTOR = 4  # a draw that takes t ms waits 4t ms before the next (at most 20% of the GUI)
@@ -66,15 +68,7 @@ DARK = {
     TOP: (None, "#5a4710"),
     HEADING: ("#9aa0a6", None),
 }
-MINIMAP = {
-    UNREAD: "#d5d8dc",
-    EVICTED: "#b0b4ba",
-    SCORED: "#2a9d8f",
-    SINK: "#3b6fd6",
-    RECENT: "#2a9d8f",
-    TOP: "#e9a23b",
-    HEADING: "#d5d8dc",
-}
+MINIMAP = {"unread": "#d5d8dc", "evicted": "#b0b4ba", "kept": "#2a9d8f", "top": "#e9a23b"}
 
 
 class _Highlighter(QSyntaxHighlighter):
@@ -129,26 +123,22 @@ class _Minimap(QWidget):
         self.setToolTip("Kept (teal), evicted (grey), strongest scores (amber): click to go there")
         self.roles = np.zeros(0, np.uint8)
         self.view = (0.0, 0.0)  # visible part of the text, as fractions
+        self._rows: list[str] = []  # one strip class per pixel row, for the current roles
+
+    def set_roles(self, roles: np.ndarray) -> None:
+        self.roles = roles
+        self._rows = []
+        self.update()
 
     def paintEvent(self, event: QPaintEvent) -> None:
         p = QPainter(self)
         h = self.height()
-        n = len(self.roles)
-        p.fillRect(self.rect(), QColor(MINIMAP[UNREAD]))
-        if n:
-            edges = np.linspace(0, n, h + 1).astype(np.int64)
-            for y in range(h):
-                chunk = self.roles[edges[y] : max(edges[y + 1], edges[y] + 1)]
-                kept = np.isin(chunk, (SCORED, SINK, RECENT, TOP))
-                if (chunk == TOP).any():
-                    colour = MINIMAP[TOP]
-                elif kept.mean() >= 0.5:
-                    colour = MINIMAP[SCORED]
-                elif (chunk == EVICTED).any():
-                    colour = MINIMAP[EVICTED]
-                else:
-                    colour = MINIMAP[UNREAD]
-                p.fillRect(0, y, self.width(), 1, QColor(colour))
+        p.fillRect(self.rect(), QColor(MINIMAP["unread"]))
+        if len(self.roles) and h > 0:
+            if len(self._rows) != h:  # new roles or a new height
+                self._rows = strip(self.roles, h)[1]
+            for y, cls in enumerate(self._rows):
+                p.fillRect(0, y, self.width(), 1, QColor(MINIMAP[cls]))
         top, bottom = self.view
         p.setPen(QColor("#202124"))
         p.drawRect(QRect(0, int(top * h), self.width() - 1, max(int((bottom - top) * h), 2)))
@@ -238,9 +228,9 @@ class MemoryView(QWidget):
                 self.text.setPlainText(text)
         self.highlighter.rehighlight()
         bar.setValue(at)
-        self.minimap.roles = roles
+        self.minimap.set_roles(roles)
         self._viewport_moved()
-        kept = int(np.isin(roles, (SCORED, SINK, RECENT, TOP)).sum())
+        kept = int(np.isin(roles, KEPT_ROLES).sum())
         seen = int((roles != UNREAD).sum() - (roles == HEADING).sum())
         self.summary.setText(
             f"<b>{m.policy}</b>, budget {m.budget_tokens:,}: the cache holds "

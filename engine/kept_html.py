@@ -12,7 +12,18 @@ import itertools
 
 import numpy as np
 
-from .trace import EVICTED, HEADING, RECENT, SCORED, SINK, TOP, UNREAD, MemoryMap, display_roles
+from .trace import (
+    EVICTED,
+    HEADING,
+    RECENT,
+    SCORED,
+    SINK,
+    TOP,
+    UNREAD,
+    MemoryMap,
+    display_roles,
+    strip,
+)
 
 BINS = 200  # minimap cells
 CLASSES = {UNREAD: "u", EVICTED: "e", SCORED: "k", SINK: "s", RECENT: "r", TOP: "t", HEADING: "h"}
@@ -36,20 +47,8 @@ header{border-color:#3c4043}.h{color:#9aa0a6}}
 
 
 def _minimap(roles: np.ndarray) -> list[str]:
-    edges = np.linspace(0, len(roles), BINS + 1).astype(np.int64)
-    cells = []
-    for k in range(BINS):
-        chunk = roles[edges[k] : max(edges[k + 1], edges[k] + 1)]
-        if (chunk == TOP).any():
-            colour = MINIMAP["top"]
-        elif np.isin(chunk, (SCORED, SINK, RECENT)).mean() >= 0.5:
-            colour = MINIMAP["kept"]
-        elif (chunk == EVICTED).any():
-            colour = MINIMAP["evicted"]
-        else:
-            colour = MINIMAP["unread"]
-        cells.append(f'<a href="#m{k}" style="background:{colour}"></a>')
-    return cells
+    _, classes = strip(roles, BINS)
+    return [f'<a href="#m{k}" style="background:{MINIMAP[c]}"></a>' for k, c in enumerate(classes)]
 
 
 def _body(text: str, roles: np.ndarray) -> str:

@@ -223,7 +223,7 @@ class Session:
         max_tokens: int = 128,
         sampling: Sampling | None = None,
         stops: Sequence[str] = (),
-        sources: Sequence[tuple[str, str, Sequence[int]]] | None = None,
+        sources: Sequence[tuple[str, str | None, Sequence[int]]] | None = None,
     ) -> Iterator[Event]:
         """Fresh cache; read ``head`` (evicting as needed, with ``tail`` as the question
         that votes), then ``tail``, then generate. ``tail`` must not be empty.
@@ -235,10 +235,7 @@ class Session:
         self.ctx.cancel_event.clear()
         self.reset()
         self._t0 = time.perf_counter()
-        for name, text, tokens in sources or [
-            ("prompt", self._text_of(head), head),
-            ("question", self._text_of(tail), tail),
-        ]:
+        for name, text, tokens in sources or [("prompt", None, head), ("question", None, tail)]:
             self.trace.add(name, text, tokens)
         yield from self.feed(head, observe=tail, logits=False)
         yield from self.feed(tail, logits=True)
@@ -384,10 +381,6 @@ class Session:
 
     def _new_trace(self) -> TokenTrace:
         return TokenTrace(lambda token: self.model.piece(token, special=True))
-
-    def _text_of(self, tokens: Sequence[int]) -> str:
-        pieces = b"".join(self.model.piece(t, special=True) for t in tokens)
-        return pieces.decode("utf-8", errors="replace")
 
     def _question_aware(self) -> bool:
         return self.config.question_aware and self.capture is not None and self.policy.evicts

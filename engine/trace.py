@@ -21,6 +21,7 @@ UNREAD, EVICTED, SCORED, SINK, RECENT = 0, 1, 2, 3, 4
 TOP, HEADING = 5, 6  # display roles: among the strongest scores; a segment heading
 TOP_SHARE = 0.1  # the top tenth of kept-by-score tokens count as the strongest
 SEGMENT_TITLES = {"turn": "your message"}
+KEPT_ROLES = (SCORED, SINK, RECENT, TOP)  # roles of characters the cache still holds
 ROLE_NAMES = {
     UNREAD: "unread",
     EVICTED: "evicted",
@@ -127,12 +128,16 @@ class TokenTrace:
     def n_ids(self) -> int:
         return self.segments[-1].first_id + self.segments[-1].n_tokens if self.segments else 0
 
-    def add(self, name: str, text: str, tokens: Sequence[int]) -> None:
-        """``tokens`` (of ``text``) get the next ids; call before decoding them."""
+    def add(self, name: str, text: str | None, tokens: Sequence[int]) -> None:
+        """``tokens`` (of ``text``; None: the tokens' own text) get the next ids; call
+        before decoding them."""
         if not tokens:
             return
+        pieces = [self.piece(t) for t in tokens]
+        if text is None:
+            text = b"".join(pieces).decode("utf-8", errors="replace")
         data = text.encode("utf-8", errors="replace")
-        starts, ends = byte_spans([self.piece(t) for t in tokens], data)
+        starts, ends = byte_spans(pieces, data)
         chars = _char_index(data)
         self.segments.append(Segment(name, text, self.n_ids, chars[starts], chars[ends]))
         self._grow()
@@ -206,3 +211,23 @@ def display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
     if not texts:
         return "", np.zeros(0, np.uint8)
     return "".join(texts), np.concatenate(roles)
+
+
+def strip(roles: np.ndarray, cells: int) -> tuple[np.ndarray, list[str]]:
+    """``roles`` squeezed into ``cells`` equal slices (a minimap): each cell's share
+    of kept characters, and its class: "top" when it holds a strongest score, else
+    "kept" when at least half is kept, "evicted" when any was evicted, "unread"."""
+    edges = np.linspace(0, len(roles), cells + 1).astype(np.int64)
+    shares, classes = np.zeros(cells), []
+    for k in range(cells):
+        chunk = roles[edges[k] : max(edges[k + 1], edges[k] + 1)]
+        shares[k] = np.isin(chunk, KEPT_ROLES).mean() if len(chunk) else 0.0
+        if (chunk == TOP).any():
+            classes.append("top")
+        elif shares[k] >= 0.5:
+            classes.append("kept")
+        elif (chunk == EVICTED).any():
+            classes.append("evicted")
+        else:
+            classes.append("unread")
+    return shares, classes

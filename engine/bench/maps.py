@@ -4,7 +4,6 @@ per policy (the picture in the benchmark report)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -13,24 +12,12 @@ import numpy as np
 from ..prompts import Prompt
 from ..runtime import Engine
 from ..session import Session
-from ..trace import EVICTED, RECENT, SCORED, SINK, TOP, UNREAD
+from ..trace import EVICTED, strip
 from .tasks import PASSKEY_PREFIX, PASSKEY_SUFFIX, filler_haystack
 
 CELLS = 600  # strip resolution
 DEPTH = 0.35  # far from both ends: only a policy that scores finds it
 KEY = 53817
-
-
-def _bins(roles: np.ndarray) -> tuple[list[float], list[bool], list[bool]]:
-    """Per strip cell: share of characters kept, any strongest-scored, any read."""
-    edges = np.linspace(0, len(roles), CELLS + 1).astype(np.int64)
-    kept, top, read = [], [], []
-    for a, b in itertools.pairwise(edges):
-        chunk = roles[a : max(b, a + 1)]
-        kept.append(round(float(np.isin(chunk, (SCORED, SINK, RECENT, TOP)).mean()), 3))
-        top.append(bool((chunk == TOP).any()))
-        read.append(bool((chunk != UNREAD).any()))
-    return kept, top, read
 
 
 def needle_maps(engine: Engine, policies: list[str], length: int, budget: int) -> list[dict]:
@@ -45,7 +32,7 @@ def needle_maps(engine: Engine, policies: list[str], length: int, budget: int) -
             result = Session.collect(s.run(prompt, max_tokens=8))
             m = s.memory_map()
         roles = m.char_roles(m.segment("document"), strongest=True)
-        kept, top, _ = _bins(roles)
+        shares, classes = strip(roles, CELLS)
         out.append(
             {
                 "policy": policy,
@@ -56,8 +43,8 @@ def needle_maps(engine: Engine, policies: list[str], length: int, budget: int) -
                 "found": str(KEY) in result.text,
                 "needle": [at / len(doc), (at + len(str(KEY))) / len(doc)],
                 "needle_kept": bool((roles[at : at + len(str(KEY))] != EVICTED).all()),
-                "kept": kept,
-                "top": top,
+                "kept": [round(float(x), 3) for x in shares],
+                "top": [c == "top" for c in classes],
             }
         )
     return out
