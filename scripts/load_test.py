@@ -10,29 +10,16 @@ Starts the server in-process on a free loopback port with the default model
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import uvicorn
 
 from engine import Engine
 from engine.bench.texts import window
 from engine.serve.api import ServerConfig, create_app
-
-
-def start_server(policy: str, budget: int) -> tuple[str, uvicorn.Server]:
-    app = create_app(Engine(), ServerConfig(policy=policy, budget_tokens=budget))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server
+from engine.serve.background import BackgroundServer
 
 
 def main() -> None:
@@ -45,7 +32,15 @@ def main() -> None:
     ap.add_argument("--policy", default="snapkv")
     ap.add_argument("--budget", type=int, default=256)
     args = ap.parse_args()
-    url, server = (args.url, None) if args.url else start_server(args.policy, args.budget)
+    if args.url:
+        measure(args, args.url)
+        return
+    app = create_app(Engine(), ServerConfig(policy=args.policy, budget_tokens=args.budget))
+    with BackgroundServer(app) as url:
+        measure(args, url)
+
+
+def measure(args: argparse.Namespace, url: str) -> None:
     client = httpx.Client(base_url=url, timeout=600)
     prompts = [window(i * 5000, args.prompt_chars) for i in range(args.requests)]
 
@@ -74,8 +69,6 @@ def main() -> None:
         f"{prompt_tokens / wall:.0f} | {out_tokens / wall:.1f} | "
         f"{statistics.median(latencies):.1f} / {latencies[-1]:.1f} |"
     )
-    if server is not None:
-        server.should_exit = True
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ openai client and with raw HTTP."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import uvicorn
 from docs_for_tests import prose
 
 from engine.serve.api import ServerConfig, create_app
+from engine.serve.background import BackgroundServer
 
 KEY = "sk-kvtrim-test"
 
@@ -23,20 +22,8 @@ KEY = "sk-kvtrim-test"
 @pytest.fixture(scope="module")
 def server(engine):
     app = create_app(engine, ServerConfig(policy="snapkv", budget_tokens=256, api_key=KEY))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(20)
-    sock.close()
+    with BackgroundServer(app) as url:
+        yield url
 
 
 @pytest.fixture
