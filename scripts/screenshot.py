@@ -15,13 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _shot import open_window, shoot
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication
 
 from app.settings import Settings
-from app.store import Store
-from app.window import MainWindow
-from app.worker import WorkerThread
 from engine import Done, Progress
 from engine.bench.texts import window as reference_text
 
@@ -31,14 +28,9 @@ SHOOT_AT_TOKENS = 12_000
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/app.png")
-    app = QApplication(sys.argv[:1])
-    tmp = Path(tempfile.mkdtemp())
-    document = tmp / "python-reference.txt"
+    document = Path(tempfile.mkdtemp()) / "python-reference.txt"
     document.write_text(reference_text(0, 120_000), encoding="utf-8")
-    store = Store(tmp / "history.sqlite3")
-    window = MainWindow(WorkerThread(), store, Settings(budget_tokens=1024, max_tokens=48))
-    window.resize(1280, 800)
-    window.show()
+    app, window = open_window(Settings(budget_tokens=1024, max_tokens=48), lambda: ask())
     state = {"stage": "ask", "shot": False}
 
     def ask() -> None:
@@ -62,17 +54,9 @@ def main() -> None:
             and not state["shot"]
         ):
             state["shot"] = True
-            QTimer.singleShot(600, shoot)
-
-    def shoot() -> None:
-        window.grab().save(str(out))
-        print(f"wrote {out}")
-        window.stop()
-        QTimer.singleShot(500, window.close)
-        QTimer.singleShot(1500, app.quit)
+            QTimer.singleShot(600, lambda: shoot(app, window, out))
 
     window.worker.results.event.connect(on_event)
-    window.worker.results.model_loaded.connect(lambda _name: QTimer.singleShot(200, ask))
     app.exec()
 
 

@@ -11,16 +11,12 @@ scrolled to the key.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
+from _shot import open_window, shoot
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication
 
 from app.settings import Settings
-from app.store import Store
-from app.window import MainWindow
-from app.worker import WorkerThread
 from engine import Done
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,13 +25,9 @@ KEY_LINE = "The pass key is"
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/memory.png")
-    app = QApplication(sys.argv[:1])
-    store = Store(Path(tempfile.mkdtemp()) / "history.sqlite3")
     settings = Settings(budget_tokens=1024, max_tokens=16, answer_prefix=KEY_LINE)
-    window = MainWindow(WorkerThread(), store, settings)
-    window.resize(1280, 800)
+    app, window = open_window(settings, lambda: ask())
     window.centralWidget().setSizes([170, 470, 640])
-    window.show()
 
     def ask() -> None:
         window.attach(ROOT / "resources" / "samples" / "passkey.txt")
@@ -52,16 +44,9 @@ def main() -> None:
         text = view.text.toPlainText()
         at = text.find(KEY_LINE, text.find("── document"))
         view.scroll_to(at / max(len(text), 1))
-        QTimer.singleShot(700, shoot)
-
-    def shoot() -> None:
-        window.grab().save(str(out))
-        print(f"wrote {out}")
-        QTimer.singleShot(300, window.close)
-        QTimer.singleShot(1200, app.quit)
+        QTimer.singleShot(700, lambda: shoot(app, window, out))
 
     window.worker.results.event.connect(on_event)
-    window.worker.results.model_loaded.connect(lambda _name: QTimer.singleShot(200, ask))
     app.exec()
 
 
