@@ -5,9 +5,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from engine import crashlog
+from engine.crashlog import CrashReport
 
-def run_app(argv: Sequence[str] = ()) -> int:
-    """Open the main window; returns when it closes."""
+
+def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
+    """Open the main window; returns when it closes. ``crash``: what the last run
+    left, shown in the window."""
     from PySide6.QtWidgets import QApplication
 
     from .settings import default_paths, load
@@ -20,6 +24,8 @@ def run_app(argv: Sequence[str] = ()) -> int:
     settings_path, history_path = default_paths()
     store = Store(history_path)
     window = MainWindow(WorkerThread(), store, load(settings_path), settings_path)
+    if crash is not None:
+        window.error.setText(crash.message()[:1].upper() + crash.message()[1:] + ".")
     window.show()
     code = app.exec()
     store.close()
@@ -54,11 +60,19 @@ def self_test() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The app with no arguments, else the command line. Either way a native crash
+    leaves a log (engine/crashlog.py); the app, and the command line with
+    ``--verbose``, report the last one at start."""
     args = list(sys.argv[1:] if argv is None else argv)
+    crashlog.arm()
     if not args:
-        return run_app()
+        return run_app(crash=crashlog.take_last_crash())
     if args == ["--self-test"]:
         return self_test()
+    if "--verbose" in args:
+        report = crashlog.take_last_crash()
+        if report is not None:
+            sys.stderr.write(f"kvtrim: note: {report.message()}\n")
     from engine.cli import main as cli_main
 
     return cli_main(args)

@@ -68,6 +68,7 @@ class MainWindow(QMainWindow):
         self.replacing: int | None = None  # the answer a regeneration replaces when done
         self.job_prefix = ""  # the answer prefix of the running job
         self.model_name = "loading model…"
+        self.cpu_note = ""
         self.conversation = store.conversations()[0] if store.conversations() else None
         self.setWindowTitle("kvtrim")
         self.setAcceptDrops(True)
@@ -153,6 +154,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         r = self.worker.results
         r.model_loaded.connect(self._on_model)
+        r.cpu_path.connect(self._on_cpu_path)
         r.notice.connect(lambda text: self.statusBar().showMessage(text, 15_000))
         r.notice.connect(self.error.setText)
         r.event.connect(self._on_event)
@@ -392,6 +394,10 @@ class MainWindow(QMainWindow):
         self.model_name = name
         self._update_status()
 
+    def _on_cpu_path(self, text: str) -> None:
+        self.cpu_note = text
+        self._update_status()
+
     def _on_event(self, event: object) -> None:
         if isinstance(event, Progress):
             self.progress.setVisible(True)
@@ -466,8 +472,9 @@ class MainWindow(QMainWindow):
 
     def _update_status(self) -> None:
         label = POLICY_LABELS.get(self.panel.policy_name(), self.panel.policy_name())
+        cpu = f" · {self.cpu_note}" if self.cpu_note else ""
         self.statusBar().showMessage(
-            f"{self.model_name} · {label} · budget {self.budget.value():,} tokens"
+            f"{self.model_name} · {label} · budget {self.budget.value():,} tokens{cpu}"
         )
 
     def _show_documents(self) -> None:

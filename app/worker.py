@@ -80,6 +80,7 @@ class EngineWorker(QObject):
     """Owns the engine; all of its methods run in the worker thread."""
 
     model_loaded = Signal(str)  # model name
+    cpu_path = Signal(str)  # llama.cpp's CPU path and repacking, for the status line
     notice = Signal(str)  # something the user should know that is not an error
     event = Signal(object)  # an engine Event (Progress, Evicted, Token, Done)
     memory_map = Signal(object)  # an engine.trace.MemoryMap, at most MAP_EVERY_S apart
@@ -114,6 +115,9 @@ class EngineWorker(QObject):
             self._engine = self._factory(path, gpu_layers, threads)
             self._model_args = (path, gpu_layers, threads)
             self.model_loaded.emit(self._engine.model_name)
+            cpu = getattr(getattr(self._engine, "model", None), "cpu_path", None)
+            if cpu is not None:
+                self.cpu_path.emit(cpu.short())
             note = getattr(getattr(self._engine, "model", None), "device_note", None)
             if note:
                 self.notice.emit(note)
@@ -241,6 +245,7 @@ class _Relay(QObject):
     receiver (a widget method or a plain function) runs on the GUI thread."""
 
     model_loaded = Signal(str)
+    cpu_path = Signal(str)
     notice = Signal(str)
     event = Signal(object)
     memory_map = Signal(object)
@@ -264,7 +269,16 @@ class WorkerThread:
         self.requests.forget.connect(self.worker.forget)
         self.requests.shutdown.connect(self.worker.shutdown)
         self.results = _Relay()
-        names = ("model_loaded", "notice", "event", "memory_map", "failed", "cancelled", "busy")
+        names = (
+            "model_loaded",
+            "cpu_path",
+            "notice",
+            "event",
+            "memory_map",
+            "failed",
+            "cancelled",
+            "busy",
+        )
         for name in names:
             getattr(self.worker, name).connect(getattr(self.results, name))
         self.thread.start()

