@@ -17,8 +17,10 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
+from llama_cpp import Llama
 
 from .errors import ConfigError
 
@@ -104,3 +106,25 @@ def resolve_repack(
         reason = f"auto: {where}, whose repacked path crashes (llama.cpp issue 20824)"
         return CpuPath(chosen, False, reason, shown)
     return CpuPath(chosen, True, "auto: no AMX on this CPU", shown)
+
+
+def reference_llama(model_path: str, repack: bool | None = None, **kwargs: Any) -> Llama:
+    """A plain ``llama_cpp.Llama`` (the reference the benchmark and tests compare
+    with) under the same repacking rule as kvtrim's own model: its constructor
+    takes no such setting, so the default model parameters are patched while it
+    loads (single-threaded use only)."""
+    from llama_cpp import llama_cpp as raw
+
+    allowed = resolve_repack().repack if repack is None else repack
+    default = raw.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = allowed
+        return p
+
+    raw.llama_model_default_params = params
+    try:
+        return Llama(model_path, **kwargs)
+    finally:
+        raw.llama_model_default_params = default

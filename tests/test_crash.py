@@ -153,3 +153,15 @@ def test_verbose_command_line_reports_the_crash_once(tmp_path):
     assert "crashed" not in second.stderr
     assert not list(crashes.glob("crash-*.log"))  # the killed run's empty log is gone too
     assert len(list(crashes.glob("crashed-*.log"))) == 1
+
+
+def test_plain_llama_reference_follows_the_same_rule(engine, caplog):
+    from engine.cpu import reference_llama
+
+    caplog.set_level(logging.INFO, logger="kvtrim.llama")
+    llm = reference_llama(engine.model.info.path, repack=False, n_ctx=256, verbose=False)
+    llm.close()
+    assert not any("REPACK" in r.getMessage() for r in caplog.records)
+    import llama_cpp
+
+    assert llama_cpp.llama_model_default_params().use_extra_bufts  # restored

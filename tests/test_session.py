@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import llama_cpp
 import pytest
 from docs_for_tests import (
     PASSKEY_PREFIX,
@@ -28,6 +27,7 @@ from engine import (
     Session,
     Token,
 )
+from engine.cpu import reference_llama
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.95)
 PASSKEY_JUNK = 150  # about 3,600 tokens
@@ -60,7 +60,7 @@ def test_passkey_question_aware_snapkv_beats_streaming(engine):
 def _plain_llama_greedy(engine, head: list[int], tail: list[int], n: int, flash: bool) -> str:
     """Plain llama-cpp-python, batched as the session batches (prompt, then suffix):
     llama.cpp's CPU kernels round differently for other batch sizes."""
-    llm = llama_cpp.Llama(
+    llm = reference_llama(
         engine.model.info.path,
         n_ctx=1024,
         n_batch=len(head),

@@ -59,6 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="add the needle memory maps to OUT/results.json and rewrite the report",
     )
     p.add_argument(
+        "--robustness",
+        action="store_true",
+        help="only the README demo under threads 1/2, flash attention on/off, repacking "
+        "on/off and batch 256/512, plus the cost of repacking off (about 20 minutes); "
+        "writes OUT/robustness.json and OUT/robustness.md",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="rewrite report.md and the plots from OUT/results.json",
@@ -121,6 +128,31 @@ def _maps_only(cfg: BenchConfig, out_dir: Path, out: TextIO) -> int:
     return 0
 
 
+def _robustness(cfg: BenchConfig, out_dir: Path, out: TextIO, err: TextIO) -> int:
+    """The demo under numeric variants, and what repacking off costs."""
+    import json
+
+    from ..documents import load_document
+    from . import robustness as rb
+
+    def step(label: str) -> None:
+        err.write(label + "\n")
+        err.flush()
+
+    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    records = rb.run_robustness(cfg.model, step)
+    text = load_document(rb.DEMO_FILE)
+    cost = rb.repack_cost(cfg.model, text[: len(text) // 4])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"command": command, "records": records, "repack_cost": cost}
+    (out_dir / "robustness.json").write_text(json.dumps(data, indent=1))
+    (out_dir / "robustness.md").write_text(rb.markdown(records, cost, command))
+    for policy, (hits, n) in rb.summary(records).items():
+        out.write(f"{policy}: {hits}/{n} right\n")
+    out.write(f"wrote {out_dir / 'robustness.md'}\n")
+    return 0
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
@@ -135,6 +167,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     cfg = config_from(args)
     if args.maps_only:
         return _maps_only(cfg, args.out, out)
+    if args.robustness:
+        return _robustness(cfg, args.out, out, err)
     total = steps_total(cfg)
     bar = tqdm(total=total, file=err, disable=not err.isatty(), unit="run")
     done = 0

@@ -9,6 +9,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from ..cpu import reference_llama
 from ..monitor import MemoryMonitor
 
 
@@ -21,7 +22,7 @@ def plain_llama(
 ) -> dict[str, Any]:
     """Prefill ``tokens`` then decode greedily; tokens/s for each phase."""
     monitor = MemoryMonitor()
-    llm = llama_cpp.Llama(
+    llm = reference_llama(
         model_path,
         n_ctx=len(tokens) + decode_tokens + 64,
         n_batch=512,
