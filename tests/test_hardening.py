@@ -8,6 +8,7 @@ import errno
 import gc
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -53,19 +54,26 @@ def test_every_bad_document_is_one_clear_line_from_the_loader(corpus):
 def test_a_file_that_disappears_while_read(tmp_path, monkeypatch):
     doc = tmp_path / "going.txt"
     doc.write_text("soon gone")
+    real_open = os.open
 
-    def vanish(self: Path) -> bytes:
-        self.unlink()
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(self))
+    def vanish(path: object, *args: object) -> int:
+        if Path(str(path)) == doc:
+            doc.unlink()
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        return real_open(path, *args)
 
-    monkeypatch.setattr(Path, "read_bytes", vanish)
+    monkeypatch.setattr(os, "open", vanish)
     with pytest.raises(DocumentError, match="not found"):
         load_document(doc)
 
-    def io_error(self: Path) -> bytes:
-        raise OSError(errno.EIO, "Input/output error")
+    doc.write_text("back again")
 
-    monkeypatch.setattr(Path, "read_bytes", io_error)
+    def io_error(path: object, *args: object) -> int:
+        if Path(str(path)) == doc:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", io_error)
     with pytest.raises(DocumentError, match="Input/output error"):
         load_document(doc)
 
@@ -280,7 +288,8 @@ def test_server_survives_hostile_bodies(engine):
 
     from engine.serve.api import ServerConfig, create_app
 
-    with TestClient(create_app(engine, ServerConfig(budget_tokens=128))) as client:
+    app = create_app(engine, ServerConfig(budget_tokens=128))
+    with TestClient(app, base_url="http://localhost") as client:  # a loopback Host
         cases = [
             (b"\xff\xfe\x00binary", 400),
             (json.dumps({"prompt": "\ud800 lone surrogate", "max_tokens": 2}).encode(), 200),
