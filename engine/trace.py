@@ -31,13 +31,21 @@ ROLE_NAMES = {
 }
 
 
-def _char_index(data: bytes) -> np.ndarray:
-    """For each byte offset 0..len(data), the index of the character it falls in
-    (the offset of the end maps to the number of characters)."""
-    arr = np.frombuffer(data, dtype=np.uint8)
-    starts = (arr & 0xC0) != 0x80  # not a UTF-8 continuation byte
-    index = np.cumsum(starts) - 1
-    return np.append(index, int(starts.sum())).astype(np.int64)
+def _char_spans(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The character index each byte offset (0..len(data)) of UTF-8 ``data`` falls
+    in, for ``starts`` and ``ends``; the end of the data maps to the number of
+    characters. Works in 5 bytes per byte of data (int32 counts; documents stay
+    far below 2**31 bytes)."""
+    if not data:
+        return np.zeros(len(starts), np.int64), np.zeros(len(ends), np.int64)
+    first = (np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80  # not a continuation byte
+    counts = np.cumsum(first, dtype=np.int32)  # characters begun at or before each byte
+
+    def index(offsets: np.ndarray) -> np.ndarray:
+        inside = np.minimum(offsets, len(data) - 1)
+        return counts[inside].astype(np.int64) - (offsets < len(data))
+
+    return index(starts), index(ends)
 
 
 def byte_spans(pieces: Sequence[bytes], data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +131,15 @@ class TokenTrace:
     segments: list[Segment] = field(default_factory=list)
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
     _answer: list[bytes] = field(default_factory=list)
+    _pieces: dict[int, bytes] = field(default_factory=dict)  # at most the vocabulary
+
+    def _piece(self, token: int) -> bytes:
+        """``piece(token)``, asked once per distinct token: a long document repeats
+        its tokens, and each answer is one shared bytes object."""
+        found = self._pieces.get(token)
+        if found is None:
+            found = self._pieces[token] = self.piece(token)
+        return found
 
     @property
     def n_ids(self) -> int:
@@ -133,13 +150,12 @@ class TokenTrace:
         before decoding them."""
         if not tokens:
             return
-        pieces = [self.piece(t) for t in tokens]
+        pieces = [self._piece(t) for t in tokens]
         if text is None:
             text = b"".join(pieces).decode("utf-8", errors="replace")
         data = text.encode("utf-8", errors="replace")
-        starts, ends = byte_spans(pieces, data)
-        chars = _char_index(data)
-        self.segments.append(Segment(name, text, self.n_ids, chars[starts], chars[ends]))
+        char_starts, char_ends = _char_spans(data, *byte_spans(pieces, data))
+        self.segments.append(Segment(name, text, self.n_ids, char_starts, char_ends))
         self._grow()
 
     def start_answer(self, name: str = "answer") -> None:
@@ -151,12 +167,10 @@ class TokenTrace:
     def add_answer_token(self, token: int) -> None:
         """One generated token, decoded after the others of the current answer."""
         seg = self.segments[-1]
-        self._answer.append(self.piece(token))
+        self._answer.append(self._piece(token))
         data = b"".join(self._answer)
-        starts, ends = byte_spans(self._answer, data)
-        chars = _char_index(data)
         seg.text = data.decode("utf-8", errors="replace")
-        seg.char_starts, seg.char_ends = chars[starts], chars[ends]
+        seg.char_starts, seg.char_ends = _char_spans(data, *byte_spans(self._answer, data))
         self._grow()
 
     def score(self, ids: np.ndarray, scores: np.ndarray) -> None:

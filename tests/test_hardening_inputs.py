@@ -23,6 +23,7 @@ from engine import DocumentError, _formats, documents
 from engine._formats import html_text, squeeze_whitespace
 from engine.cli import main
 from engine.documents import load_document
+from engine.trace import TokenTrace
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
@@ -279,3 +280,20 @@ def test_a_long_text_is_read_without_copies(tmp_path):
     finally:
         tracemalloc.stop()
     assert len(text) == size and peak < 2.2 * size, (peak, size)
+
+
+def test_token_pieces_are_asked_once_per_distinct_token():
+    asked: list[int] = []
+
+    def piece(token: int) -> bytes:
+        asked.append(token)
+        return b"ab"[token % 2 : token % 2 + 1] * (1 + token % 3)
+
+    trace = TokenTrace(piece)
+    tokens = [i % 50 for i in range(20_000)]
+    text = b"".join(piece(t) for t in tokens).decode()
+    asked.clear()
+    trace.add("document", text, tokens)
+    assert sorted(asked) == list(range(50))
+    seg = trace.segments[0]
+    assert seg.n_tokens == 20_000 and seg.char_ends[-1] == len(text)
