@@ -3,17 +3,25 @@ eviction state), one Markdown file per input. An unreadable file is reported
 and skipped; the rest complete.
 
     kvtrim summarize a.pdf b.docx notes/ --out summaries/
+
+A file in a folder keeps its path under that folder (``notes/a/x.txt`` becomes
+``summaries/a/x.txt.md``); names that would still collide get ``-2``, ``-3``.
+Each summary is written atomically as soon as it is done, so a failure later
+(a full disk) loses none that finished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from .documents import SUFFIXES, load_document
-from .errors import Cancelled, KvtrimError
+from .errors import Cancelled, KvtrimError, OutputError
 from .runtime import Engine
 from .stats import Done, Event, KVStats
 
@@ -21,15 +29,32 @@ _MB = 2**20
 
 
 @dataclass(frozen=True)
+class Source:
+    """A document to summarize and its summary's path under the output folder."""
+
+    path: Path
+    out_name: PurePath
+
+    @property
+    def name(self) -> str:
+        """The document as the output names it: its path under its folder."""
+        return self.out_name.with_suffix("").as_posix()
+
+
+@dataclass(frozen=True)
 class FileSummary:
     """The outcome for one input; ``error`` is set when it was skipped."""
 
-    path: Path
+    source: Source
     out: Path | None
     text: str
     stats: KVStats | None
     seconds: float
     error: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
 
     @property
     def retention(self) -> float:
@@ -38,22 +63,81 @@ class FileSummary:
         return s.cells_used / s.tokens_seen if s and s.tokens_seen else 0.0
 
 
-def expand(paths: Iterable[Path]) -> list[Path]:
+def _documents_in(folder: Path) -> list[Path]:
+    return sorted(
+        f
+        for f in folder.rglob("*")
+        if f.is_file()
+        and f.suffix.lower() in SUFFIXES
+        and not any(part.startswith(".") for part in f.relative_to(folder).parts)
+    )
+
+
+def _found(p: Path) -> list[tuple[Path, PurePath]]:
+    """``(document, its path under the folder given)``; a file given is its own name."""
+    if p.is_dir():
+        return [(f, f.relative_to(p)) for f in _documents_in(p)]
+    return [(p, PurePath(p.name))]
+
+
+def _out_name(relative: PurePath, taken: set[str]) -> PurePath:
+    """``relative`` + ``.md``, or ``stem-2.suffix.md``, ``-3``... when that is taken
+    (compared without case, as on a case-insensitive disk)."""
+    name, n = relative.with_name(f"{relative.name}.md"), 1
+    while name.as_posix().casefold() in taken:
+        n += 1
+        name = relative.with_name(f"{relative.stem}-{n}{relative.suffix}.md")
+    taken.add(name.as_posix().casefold())
+    return name
+
+
+def expand(paths: Iterable[Path]) -> list[Source]:
     """Files as given; folders become their documents (recursively, sorted, no
-    hidden files). A missing path stays in the list, to be reported."""
-    out: list[Path] = []
+    hidden files), named by their path under the folder. A file met twice is
+    summarized once; a missing path stays in the list, to be reported."""
+    out: list[Source] = []
+    seen: set[str] = set()
+    taken: set[str] = set()
     for p in paths:
-        if p.is_dir():
-            out += sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file()
-                and f.suffix.lower() in SUFFIXES
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-        else:
-            out.append(p)
+        for path, relative in _found(p):
+            if (real := os.path.realpath(path)) not in seen:
+                seen.add(real)
+                out.append(Source(path, _out_name(relative, taken)))
     return out
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create the output folder, so that a bad one fails before any model work."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"the output folder {out_dir} is a file, not a folder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {out_dir}: {_why(exc)}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write in the output folder {out_dir}: permission denied")
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` as UTF-8 at ``path``, whole or not at all: written to a temporary
+    file in the same folder, flushed to the disk (fsync), then renamed over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _markdown(item: FileSummary) -> str:
@@ -67,9 +151,41 @@ def _markdown(item: FileSummary) -> str:
     )
 
 
+def _summarize(
+    engine: Engine,
+    path: Path,
+    policy: str,
+    budget_tokens: int,
+    on_event: Callable[[Path, Event], None] | None,
+    gen: dict[str, object],
+) -> Done:
+    text = load_document(path)
+    done: Done | None = None
+    with engine.session(policy, budget_tokens) as session:
+        for event in session.summarize(text, **gen):
+            if on_event is not None:
+                on_event(path, event)
+            if isinstance(event, Done):
+                done = event
+    if done is None:
+        raise Cancelled("the summary ended without text")
+    return done
+
+
+def _save(item: FileSummary, finished: int) -> None:
+    assert item.out is not None
+    try:
+        write_atomic(item.out, _markdown(item))
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write {item.out}: {_why(exc)}; stopped, {finished} finished "
+            f"{'summary is' if finished == 1 else 'summaries are'} written"
+        ) from None
+
+
 def summarize_many(
     engine: Engine,
-    files: Sequence[Path],
+    sources: Sequence[Source],
     out_dir: Path,
     *,
     policy: str,
@@ -77,32 +193,24 @@ def summarize_many(
     on_event: Callable[[Path, Event], None] | None = None,
     **gen: object,
 ) -> list[FileSummary]:
-    """Summarize each file into ``out_dir/<name>.md``; returns one result per file."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Summarize each source into ``out_dir/<out_name>``, writing each as it is
+    done; returns one result per source. Raises ``OutputError`` when a summary
+    cannot be written (those before it stay written)."""
+    prepare_out_dir(out_dir)
     results: list[FileSummary] = []
-    for path in files:
+    for source in sources:
         start = time.perf_counter()
         try:
-            text = load_document(path)
-            with engine.session(policy, budget_tokens) as session:
-                done: Done | None = None
-                for event in session.summarize(text, **gen):
-                    if on_event is not None:
-                        on_event(path, event)
-                    if isinstance(event, Done):
-                        done = event
-            if done is None:
-                raise Cancelled("the summary ended without text")
+            done = _summarize(engine, source.path, policy, budget_tokens, on_event, gen)
         except Cancelled:
             raise
         except KvtrimError as exc:  # a bad document, or one that cannot be summarized
-            results.append(FileSummary(path, None, "", None, time.perf_counter() - start, str(exc)))
+            seconds = time.perf_counter() - start
+            results.append(FileSummary(source, None, "", None, seconds, str(exc)))
             continue
-        item = FileSummary(
-            path, out_dir / f"{path.name}.md", done.text, done.stats, time.perf_counter() - start
-        )
-        assert item.out is not None
-        item.out.write_text(_markdown(item), encoding="utf-8")
+        out = out_dir / source.out_name
+        item = FileSummary(source, out, done.text, done.stats, time.perf_counter() - start)
+        _save(item, sum(r.out is not None for r in results))
         results.append(item)
     return results
 
@@ -115,11 +223,11 @@ def table(results: Sequence[FileSummary]) -> str:
     ]
     for r in results:
         if r.stats is None:
-            rows.append(f"| {r.path.name} | | | | {r.seconds:.1f} | skipped: {r.error} |")
+            rows.append(f"| {r.source.name} | | | | {r.seconds:.1f} | skipped: {r.error} |")
             continue
         s = r.stats
         rows.append(
-            f"| {r.path.name} | {s.prompt_tokens:,} | {r.retention:.1%} | "
+            f"| {r.source.name} | {s.prompt_tokens:,} | {r.retention:.1%} | "
             f"{s.kv_bytes / _MB:.1f} / {s.kv_bytes_full / _MB:.1f} | {r.seconds:.1f} | {r.out} |"
         )
     return "\n".join(rows)

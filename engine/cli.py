@@ -12,25 +12,59 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
+from . import _argtypes as types
 from .bench import cli as bench_cli
 from .documents import SUFFIXES, load_document
-from .errors import Cancelled, DocumentError, KvtrimError
+from .errors import Cancelled, ConfigError, DocumentError, KvtrimError
 from .monitor import MemoryMonitor
-from .policies import POLICIES
+from .policies import POLICIES, make_policy
 from .runtime import Engine
 from .sampling import Sampling
 from .serve import cli as serve_cli
-from .session import Session
+from .session import MIN_CHUNK, Session
 from .stats import Done, Evicted, Progress, Token
 
 _MB = 1024 * 1024
+REPACK_MODES = ("auto", "on", "off")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors raise ``ConfigError``: ``main`` reports them in one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """--model, --gpu-layers, --repack: shared by ask, summarize and info."""
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="a GGUF model (default: the embedded Gemma 3 270M)",
+    )
+    p.add_argument(
+        "--gpu-layers",
+        type=types.at_least(0, "layers"),
+        default=0,
+        metavar="N",
+        help="layers to offload to the GPU (needs a CUDA build of llama-cpp-python)",
+    )
+    p.add_argument(
+        "--repack",
+        choices=REPACK_MODES,
+        default=os.environ.get("KVTRIM_REPACK", "auto"),
+        help="llama.cpp's CPU weight repacking (extra buffer types): auto turns it off on "
+        "CPUs with AMX, where it crashes (default: $KVTRIM_REPACK, else auto)",
+    )
 
 
 def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -53,14 +87,14 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
     p.add_argument(
         "--budget",
-        type=int,
+        type=types.at_least(MIN_CHUNK, "tokens"),
         default=1024,
         metavar="N",
         help="KV cells kept after each eviction (default: 1024)",
     )
     p.add_argument(
         "--chunk",
-        type=int,
+        type=types.at_least(MIN_CHUNK, "tokens"),
         default=None,
         metavar="N",
         help="tokens read between evictions (default: budget/4)",
@@ -89,24 +123,26 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         metavar="TEXT",
         help="text the answer starts with (helps base models: 'The pass key is')",
     )
+    _model_options(p)
     p.add_argument(
-        "--model",
+        "--threads",
+        type=types.threads,
         default=None,
-        metavar="PATH",
-        help="a GGUF model (default: the embedded Gemma 3 270M)",
+        metavar="N",
+        help=f"CPU threads, 1 to {types.logical_cpus()} (default: the physical cores)",
     )
     p.add_argument(
-        "--gpu-layers",
-        type=int,
-        default=0,
+        "--max-tokens",
+        type=types.at_least(1, "tokens"),
+        default=128,
         metavar="N",
-        help="layers to offload to the GPU (needs a CUDA build of llama-cpp-python)",
+        help="the longest answer, in tokens (default: 128)",
     )
-    p.add_argument("--threads", type=int, default=None, metavar="N")
-    p.add_argument("--max-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--temperature", type=types.temperature, default=0.0, help="0 is greedy (default)"
+    )
+    p.add_argument("--top-p", type=types.top_p, default=1.0, help="in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=types.at_least(0), default=None, metavar="N")
     p.add_argument(
         "--stop",
         action="append",
@@ -126,7 +162,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvtrim", description="Long documents in a bounded KV cache (H2O, SnapKV, TOVA, ...)."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,9 +174,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
-    info.add_argument("--model", default=None, metavar="PATH")
-    info.add_argument("--gpu-layers", type=int, default=0, metavar="N")
+    _model_options(info)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Options, each checked: a bad one raises ``ConfigError``."""
+    args = build_parser().parse_args(argv)
+    check_settings(args)
+    return args
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """What one option alone cannot tell: the budget against the policy's
+    protected tokens, and ``$KVTRIM_REPACK``. Runs before any file is read."""
+    if getattr(args, "repack", "auto") not in REPACK_MODES:
+        raise ConfigError(
+            f"KVTRIM_REPACK must be one of {', '.join(REPACK_MODES)}, got {args.repack!r}"
+        )
+    if args.command not in ("ask", "summarize"):
+        return
+    policy = make_policy(args.policy)
+    protected = policy.protected(args.budget)
+    if policy.evicts and args.budget < protected + 1:
+        raise ConfigError(
+            f"budget {args.budget} is too small for {policy.name}: it keeps "
+            f"{protected} sink and recent tokens"
+        )
 
 
 def _summary_line(result: dict[str, Any]) -> str:
@@ -154,18 +214,29 @@ def _summary_line(result: dict[str, Any]) -> str:
     )
 
 
+def _engine(args: argparse.Namespace) -> Engine:
+    """The model the options name (info has no --threads)."""
+    return Engine(
+        args.model,
+        n_gpu_layers=args.gpu_layers,
+        n_threads=getattr(args, "threads", None),
+        repack=args.repack,
+    )
+
+
 def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
-    from .batch import expand, summarize_many, table
+    from .batch import expand, prepare_out_dir, summarize_many, table
 
-    files = expand(args.file)
-    if not files:
+    sources = expand(args.file)
+    if not sources:
         names = ", ".join(str(p) for p in args.file)
         raise DocumentError(f"{names}: a directory with no documents ({', '.join(SUFFIXES)})")
     out_dir = args.out or Path("summaries")
+    prepare_out_dir(out_dir)  # a bad --out fails before the model loads
     sampling = Sampling(args.temperature, args.top_p, args.seed)
-    bar = tqdm(total=len(files), file=err, disable=args.json or not err.isatty(), unit="file")
+    bar = tqdm(total=len(sources), file=err, disable=args.json or not err.isatty(), unit="file")
 
     def progress(path: Path, event: object) -> None:
         if isinstance(event, Progress):
@@ -173,19 +244,21 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         elif isinstance(event, Done):
             bar.update(1)
 
-    with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
-        results = summarize_many(
-            engine,
-            files,
-            out_dir,
-            policy=args.policy,
-            budget_tokens=args.budget,
-            on_event=progress,
-            max_tokens=args.max_tokens,
-            sampling=sampling,
-            stops=args.stop,
-        )
-    bar.close()
+    with _engine(args) as engine:
+        try:
+            results = summarize_many(
+                engine,
+                sources,
+                out_dir,
+                policy=args.policy,
+                budget_tokens=args.budget,
+                on_event=progress,
+                max_tokens=args.max_tokens,
+                sampling=sampling,
+                stops=args.stop,
+            )
+        finally:
+            bar.close()
     failed = [r for r in results if r.error]
     if args.json:
         rows = [
@@ -217,7 +290,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     text = load_document(args.file)
     sampling = Sampling(args.temperature, args.top_p, args.seed)
     monitor = MemoryMonitor()
-    with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
+    with _engine(args) as engine:
         if engine.model.device_note:
             err.write(f"note: {engine.model.device_note}\n")
         session = engine.session(
@@ -317,7 +390,7 @@ def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: 
 
 def _info(args: argparse.Namespace, out: TextIO) -> int:
     monitor = MemoryMonitor()
-    with Engine(args.model, n_gpu_layers=args.gpu_layers) as engine:
+    with _engine(args) as engine:
         info = engine.model.info
         sample = monitor.sample()
         if engine.model.device_note:
@@ -359,7 +432,11 @@ def main(
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:  # a bad option: one line, before any file is read
+        err.write(f"kvtrim: error: {exc}\n")
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings become our one line
     if getattr(args, "verbose", False):

@@ -19,6 +19,10 @@ class ConfigError(KvtrimError):
     """A budget, chunk size or policy setting that cannot work."""
 
 
+class OutputError(KvtrimError):
+    """A result cannot be written: the output folder is a file, the disk is full."""
+
+
 class ContextOverflowError(KvtrimError):
     """The input does not fit the cache and the policy does not evict (``full``)."""
 

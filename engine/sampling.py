@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,10 +19,12 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("top_p must be in (0, 1]")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # also refuses nan
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
 
 
 class Sampler:

@@ -172,14 +172,15 @@ def test_batch_summarize_writes_one_file_each_and_skips_bad_ones(tmp_path):
     argv = ["summarize", str(docs), str(lone), "--out", str(tmp_path / "out"), "--budget", "256"]
     code = main([*argv, "--max-tokens", "12"], out, err)
     assert code == 1, "one input was skipped"
-    written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["a.txt.md", "b.md.md", "c.txt.md"]
-    b = (tmp_path / "out" / "b.md.md").read_text()
+    out_dir = tmp_path / "out"
+    written = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*"))
+    assert written == ["a.txt.md", "c.txt.md", "more", "more/b.md.md"]  # paths under the folder
+    b = (tmp_path / "out" / "more" / "b.md.md").read_text()
     assert b.startswith("# b.md\n") and "snapkv, budget 256" in b
     table = out.getvalue()
     assert "| broken.docx |" in table and "skipped" in table and ".hidden" not in table
     assert "skipped" in err.getvalue() and "broken.docx" in err.getvalue()
-    rows = [line for line in table.splitlines() if line.startswith("| b.md")]
+    rows = [line for line in table.splitlines() if line.startswith("| more/b.md")]
     tokens = int(rows[0].split("|")[2].replace(",", ""))
     assert tokens > 256  # read past the budget, evicting
 

@@ -5,6 +5,7 @@ that used to fail after the whole prefill."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
@@ -19,8 +20,9 @@ from pathlib import Path
 import pytest
 from docs_for_tests import prose
 
-from engine import DocumentError, _formats, documents
+from engine import ConfigError, DocumentError, ModelError, Sampling, _formats, cli, documents
 from engine._formats import html_text, squeeze_whitespace
+from engine.batch import expand
 from engine.cli import main
 from engine.documents import load_document
 from engine.trace import TokenTrace
@@ -297,3 +299,178 @@ def test_token_pieces_are_asked_once_per_distinct_token():
     assert sorted(asked) == list(range(50))
     seg = trace.segments[0]
     assert seg.n_tokens == 20_000 and seg.char_ends[-1] == len(text)
+
+
+# 6. batch outputs: unique names, atomic writes, a full disk
+
+
+def test_batch_names_keep_the_path_under_the_folder_and_never_collide(tmp_path):
+    docs = tmp_path / "docs"
+    for sub in ("a", "b"):
+        (docs / sub).mkdir(parents=True)
+        (docs / sub / "notes.txt").write_text(f"notes {sub}")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "notes.txt").write_text("x")
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "NOTES.txt").write_text("y")
+    given = [
+        docs,
+        tmp_path / "x" / "notes.txt",
+        tmp_path / "y" / "NOTES.txt",
+        docs / "a" / "notes.txt",  # met twice: summarized once
+    ]
+    sources = expand(given)
+    names = [s.out_name.as_posix() for s in sources]
+    assert names == ["a/notes.txt.md", "b/notes.txt.md", "notes.txt.md", "NOTES-2.txt.md"]
+    assert len({n.casefold() for n in names}) == len(names), "unique, even without case"
+
+
+@pytest.mark.parametrize("out", ["file", "/dev/null"])
+def test_out_that_is_not_a_folder_is_one_line_before_the_model_loads(tmp_path, out):
+    doc = tmp_path / "a.txt"
+    doc.write_text(prose(5))
+    target = tmp_path / "taken.md" if out == "file" else Path(out)
+    if out == "file":
+        target.write_text("keep me")
+    start = time.perf_counter()
+    code, _out, err = _run("summarize", str(doc), "--out", str(target))
+    assert code == 2 and "is a file, not a folder" in _one_error_line(err)
+    assert time.perf_counter() - start < 5  # no model was loaded
+    if out == "file":
+        assert target.read_text() == "keep me"
+
+
+def _two_notes(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    for sub, seed in (("a", 1), ("b", 2)):
+        (docs / sub).mkdir(parents=True)
+        (docs / sub / "notes.txt").write_text(prose(3, seed=seed))
+    return docs
+
+
+def test_same_named_files_in_subfolders_get_their_own_summaries(tmp_path):
+    docs, out_dir = _two_notes(tmp_path), tmp_path / "out"
+    code, table, err = _run("summarize", str(docs), "--out", str(out_dir), "--max-tokens", "4")
+    assert code == 0, err
+    for sub in ("a", "b"):
+        summary = (out_dir / sub / "notes.txt.md").read_text()
+        assert summary.startswith("# notes.txt\n") and "kvtrim snapkv" in summary
+    assert "| a/notes.txt |" in table and "| b/notes.txt |" in table
+    assert not [p for p in out_dir.rglob(".*")], "no temporary files left"
+
+
+def test_a_full_disk_keeps_finished_summaries_and_is_one_line(tmp_path, monkeypatch):
+    docs, out_dir = _two_notes(tmp_path), tmp_path / "out"
+    real_fsync = os.fsync
+    calls = []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:  # the second summary
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    code, _out, err = _run("summarize", str(docs), "--out", str(out_dir), "--max-tokens", "4")
+    line = _one_error_line(err)
+    assert code == 2 and "No space left on device" in line and "1 finished summary" in line
+    assert (out_dir / "a" / "notes.txt.md").read_text().startswith("# notes.txt\n")
+    assert not (out_dir / "b" / "notes.txt.md").exists()
+    assert not [p for p in out_dir.rglob(".*")], "the half-written temporary file is gone"
+
+
+# 7. every option is checked before a document is read or a model loaded
+
+BAD_OPTIONS = [
+    (["--chunk", "0"], "--chunk: must be at least 16"),
+    (["--max-tokens", "0"], "--max-tokens: must be at least 1"),
+    (["--max-tokens", "-1"], "--max-tokens: must be at least 1"),
+    (["--threads", "999"], "logical CPUs"),
+    (["--threads", "0"], "--threads: must be at least 1"),
+    (["--temperature", "inf"], "finite"),
+    (["--temperature", "nan"], "finite"),
+    (["--temperature", "-0.5"], "--temperature: must be >= 0"),
+    (["--top-p", "0"], "--top-p: must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
+    (["--top-p", "nan"], "finite"),
+    (["--budget", "0"], "--budget: must be at least 16"),
+    (["--budget", "-5"], "--budget: must be at least 16"),
+    (["--budget", "20"], "too small for snapkv"),
+    (["--seed", "-1"], "--seed: must be at least 0"),
+    (["--gpu-layers", "-1"], "--gpu-layers: must be at least 0"),
+    (["--repack", "maybe"], "--repack: invalid choice"),
+    (["--budget", "many"], "not a whole number"),
+]
+
+
+@pytest.mark.parametrize("command", ["ask", "summarize"])
+@pytest.mark.parametrize("argv, message", BAD_OPTIONS)
+def test_bad_options_are_one_line_before_anything_is_read(tmp_path, command, argv, message):
+    missing = str(tmp_path / "not-there.txt")  # reading it would say "not found"
+    question = ["-q", "Who?"] if command == "ask" else []
+    code, _out, err = _run(command, missing, *question, *argv)
+    assert code == 2 and message in _one_error_line(err) and "not found" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu-layers", "-1"], "--gpu-layers: must be at least 0"),
+        (["--repack", "sometimes"], "--repack: invalid choice"),
+    ],
+)
+def test_info_options_are_checked_too(argv, message):
+    code, _out, err = _run("info", *argv)
+    assert code == 2 and message in _one_error_line(err)
+
+
+def test_kvtrim_repack_from_the_environment_is_checked(monkeypatch):
+    monkeypatch.setenv("KVTRIM_REPACK", "sideways")
+    code, _out, err = _run("info")
+    assert code == 2 and "KVTRIM_REPACK must be one of auto, on, off" in _one_error_line(err)
+    monkeypatch.setenv("KVTRIM_REPACK", "off")
+    assert cli.parse_args(["info"]).repack == "off"
+    assert cli.parse_args(["info", "--repack", "on"]).repack == "on"
+
+
+def test_good_edge_values_pass():
+    from engine._argtypes import logical_cpus
+
+    sampling = ["--top-p", "1", "--temperature", "0", "--seed", "0"]
+    sizes = ["--threads", str(logical_cpus()), "--budget", "1024", "--chunk", "16"]
+    args = cli.parse_args(["ask", "x.txt", "-q", "?", *sampling, *sizes])
+    assert (args.top_p, args.temperature, args.seed, args.chunk) == (1.0, 0.0, 0, 16)
+    assert args.repack in ("auto", "on", "off")
+
+
+@pytest.mark.parametrize("command", ["ask", "summarize", "batch", "info"])
+def test_repack_reaches_every_engine_the_cli_makes(tmp_path, monkeypatch, command):
+    made: list[dict] = []
+
+    def engine(*_args: object, **kwargs: object) -> None:
+        made.append(kwargs)
+        raise ModelError("stop here")
+
+    monkeypatch.setattr(cli, "Engine", engine)
+    doc = tmp_path / "a.txt"
+    doc.write_text(prose(3))
+    argv = {
+        "ask": ["ask", str(doc), "-q", "Who?"],
+        "summarize": ["summarize", str(doc)],
+        "batch": ["summarize", str(doc), "--out", str(tmp_path / "out")],
+        "info": ["info"],
+    }[command]
+    code, _out, err = _run(*argv, "--repack", "off")
+    assert code == 2 and "stop here" in err
+    assert made == [made[0]] and made[0]["repack"] == "off"
+
+
+def test_sampling_refuses_what_the_options_refuse():
+    for bad in (
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_p=float("nan")),
+        dict(seed=-1),
+    ):
+        with pytest.raises(ConfigError):
+            Sampling(**bad)
