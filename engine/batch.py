@@ -109,7 +109,7 @@ def expand(paths: Iterable[Path]) -> list[Source]:
 def prepare_out_dir(out_dir: Path) -> None:
     """Create the output folder, so that a bad one fails before any model work."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise OutputError(f"the output folder {out_dir} is a file, not a folder")
+        raise OutputError(f"the output folder {out_dir} exists and is not a folder")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -334,7 +334,7 @@ def test_out_that_is_not_a_folder_is_one_line_before_the_model_loads(tmp_path, o
         target.write_text("keep me")
     start = time.perf_counter()
     code, _out, err = _run("summarize", str(doc), "--out", str(target))
-    assert code == 2 and "is a file, not a folder" in _one_error_line(err)
+    assert code == 2 and "exists and is not a folder" in _one_error_line(err)
     assert time.perf_counter() - start < 5  # no model was loaded
     if out == "file":
         assert target.read_text() == "keep me"
