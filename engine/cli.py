@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TextIO
 
 from . import _argtypes as types
 from .bench import cli as bench_cli
+from .cpu import system_info
 from .documents import SUFFIXES, load_document
 from .errors import Cancelled, ConfigError, DocumentError, KvtrimError
 from .monitor import MemoryMonitor
@@ -361,6 +362,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.gpu_note is None else None,
         "gpu": monitor.gpu_note or "NVIDIA GPU",
         "model": engine.model_name,
+        "cpu_path": engine.model.cpu_path.describe(),
+        "repack": engine.model.cpu_path.repack,
     }
     if args.json:
         out.write(json.dumps(result) + "\n")
@@ -396,6 +399,8 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
         if engine.model.device_note:
             out.write(f"note: {engine.model.device_note}\n")
         out.write(f"model: {info.name} ({info.arch}) {info.path}\n")
+        out.write(f"llama.cpp: {system_info()}\n")
+        out.write(f"CPU: {engine.model.cpu_path.describe()}\n")
         out.write(
             f"layers: {info.n_layer}, heads: {info.n_head} (KV {info.n_head_kv}), "
             f"trained context: {info.n_ctx_train}, sliding window: {info.n_swa or 'none'}\n"
@@ -441,6 +446,7 @@ def main(
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings become our one line
     if getattr(args, "verbose", False):
         logging.getLogger("kvtrim.llama").setLevel(logging.INFO)
+        err.write(f"llama.cpp: {system_info()}\n")
     try:
         if args.command == "info":
             return _info(args, out)

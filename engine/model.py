@@ -9,7 +9,7 @@ import hashlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +183,26 @@ def check_gguf(path: Path) -> None:
         raise ModelError(f"model file is truncated: {path}")
 
 
+_PIECE_CHARS = 1 << 20  # long texts are tokenized in pieces of about this many characters
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, each cut just before a space
+    that follows a non-space, where no token of a word-start vocabulary spans the
+    cut. Bounds the tokenizer's memory: about 55 bytes per byte of text at once."""
+    at = 0
+    while len(text) - at > size:
+        cut = text.find(" ", at + size)
+        while cut > 0 and text[cut - 1].isspace():
+            cut = text.find(" ", cut + 1)
+        if cut <= 0:
+            break
+        yield text[at:cut]
+        at = cut
+    if at < len(text):
+        yield text[at:]
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the eviction layer needs to know about a model."""
@@ -307,11 +327,19 @@ class Model:
         return tokens
 
     def _tokens(self, text: str, *, special: bool) -> list[int]:
-        if not text:
-            return []
-        # lone surrogates (from JSON "\\ud800", say) cannot be UTF-8: they become "?"
-        data = text.encode("utf-8", errors="replace")
-        return list(self._model.tokenize(data, add_bos=False, special=special))
+        """llama.cpp's tokenizer, once per piece (llama-cpp-python's own wrapper runs
+        it twice past 32K tokens) into a buffer of one token per byte at most."""
+        tokens: list[int] = []
+        for piece in _pieces(text, _PIECE_CHARS):
+            # lone surrogates (from JSON "\\ud800", say) cannot be UTF-8: they become "?"
+            data = piece.encode("utf-8", errors="replace")
+            buf = (llama_cpp.llama_token * (len(data) + 2))()
+            vocab = self._model.vocab
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(buf), False, special)
+            if n < 0:  # pragma: no cover - more tokens than bytes cannot happen
+                raise ModelError(f"llama.cpp could not tokenize {len(data)} bytes")
+            tokens += buf[:n]
+        return tokens
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (may be part of a UTF-8 character); ``special``

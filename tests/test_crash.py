@@ -165,3 +165,22 @@ def test_plain_llama_reference_follows_the_same_rule(engine, caplog):
     import llama_cpp
 
     assert llama_cpp.llama_model_default_params().use_extra_bufts  # restored
+
+
+def test_info_and_json_say_which_cpu_path_runs(tmp_path):
+    import io
+    import json
+
+    from engine.cli import main
+
+    out = io.StringIO()
+    assert main(["info", "--repack", "off"], out, io.StringIO()) == 0
+    assert "CPU: repacking off (asked for: off)" in out.getvalue()
+    assert "llama.cpp: " in out.getvalue() and "CPU :" in out.getvalue()
+    doc = tmp_path / "d.txt"
+    doc.write_text("The sky is blue. " * 4)
+    out = io.StringIO()
+    args = ["ask", str(doc), "-q", "Colour?", "--max-tokens", "1", "--json", "--policy", "full"]
+    assert main(args, out, io.StringIO()) == 0
+    result = json.loads(out.getvalue())
+    assert result["cpu_path"].startswith("repacking ") and isinstance(result["repack"], bool)

@@ -107,3 +107,17 @@ def test_chat_messages_are_text_too(engine):
     assert head.count(start) == 3 and tail.count(start) == 1  # 3 turns, then the model
     assert p.suffix.startswith("Bye<start_of_turn><end_of_turn>")
     assert engine.model.native.token_eos() not in head + tail
+
+
+def test_long_texts_tokenize_in_pieces_to_the_same_tokens(engine, monkeypatch):
+    """Pieces bound what the tokenizer holds at once, whatever the document's size."""
+    from docs_for_tests import prose
+
+    import engine.model as model_module
+
+    text = prose(300, seed=3) + "  double  spaces\tand\ttabs " + "x" * 5000 + " end."
+    whole = engine.model.tokenize(text)
+    monkeypatch.setattr(model_module, "_PIECE_CHARS", 997)
+    pieces = list(model_module._pieces(text, 997))
+    assert len(pieces) > 5 and "".join(pieces) == text
+    assert engine.model.tokenize(text) == whole
