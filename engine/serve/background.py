@@ -1,23 +1,44 @@
-"""The server on a free loopback port in a background thread (tests, load tests)."""
+"""uvicorn's server told when shutdown begins (``Server``), and the server on a
+free loopback port in a background thread (``BackgroundServer``: tests, load tests)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+import uvicorn
+
+
+class Server(uvicorn.Server):
+    """Calls ``on_shutdown`` as soon as shutdown begins, before uvicorn waits
+    for the open requests (its lifespan shutdown comes only after they end),
+    so the app can cancel work nobody will wait for."""
+
+    def __init__(
+        self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
 
 class BackgroundServer:
-    """``with BackgroundServer(app) as url:`` serves ``app`` until the block ends."""
+    """``with BackgroundServer(app) as url:`` serves ``app`` until the block ends;
+    ``app.state.on_shutdown``, if set, is called when it starts to stop."""
 
     def __init__(self, app: Any, start_timeout_s: float = 20.0) -> None:
-        import uvicorn
-
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        config = uvicorn.Config(app, log_level="warning")
+        self._server = Server(config, getattr(getattr(app, "state", None), "on_shutdown", None))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -14,6 +14,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..stats import KVStats
 
@@ -79,3 +80,31 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CountRequests:
+    """ASGI middleware: counts each HTTP request by route and status. Plain
+    ASGI, not Starlette's ``BaseHTTPMiddleware``, whose receive wrapper hides a
+    client's disconnect from ``Request.is_disconnected``."""
+
+    def __init__(self, app: ASGIApp, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # if the app fails before it answers
+
+        async def seen(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            endpoint = getattr(scope.get("route"), "path", "unmatched")  # no label per path
+            self.counter.labels(endpoint, str(status)).inc()

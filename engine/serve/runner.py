@@ -28,6 +28,10 @@ class Overloaded(KvtrimError):
     """The queue is full; the client should retry later."""
 
 
+class ShuttingDown(KvtrimError):
+    """The server is stopping: the job was refused or cancelled."""
+
+
 @dataclass
 class Job:
     """One request's work: tokens to read (``tail`` votes), then generation."""
@@ -63,6 +67,8 @@ class EngineRunner:
         self._waiting = 0
         self._session: Session | None = None
         self._key: tuple[Any, ...] | None = None
+        self._jobs: dict[int, Job] = {}  # queued or running, by id
+        self._stopping = False
 
     @property
     def waiting(self) -> int:
@@ -71,10 +77,34 @@ class EngineRunner:
 
     def submit(self, job: Job) -> Future[Result]:
         with self._lock:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
             if self._waiting >= self.max_queue:
                 raise Overloaded(f"{self._waiting} requests are queued; retry later")
             self._waiting += 1
-        return self._executor.submit(self._run, job)
+            self._jobs[id(job)] = job
+        future = self._executor.submit(self._run, job)
+
+        def forget_if_cancelled(done: Future[Result]) -> None:
+            if done.cancelled():  # cancelled while queued: ``_run`` never counts it
+                self._finished(job)
+
+        future.add_done_callback(forget_if_cancelled)
+        return future
+
+    def stop(self) -> None:
+        """Refuse new jobs and cancel the queued and running ones: the server
+        is shutting down (thread-safe)."""
+        with self._lock:
+            self._stopping = True
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel()
+
+    def _finished(self, job: Job) -> None:
+        with self._lock:
+            self._waiting -= 1
+            self._jobs.pop(id(job), None)
 
     def _run(self, job: Job) -> Result:
         try:
@@ -98,14 +128,15 @@ class EngineRunner:
                     return Result(event.text, event.reason, event.stats, self.engine.model_name)
             raise Cancelled("the run ended without an answer")
         except Cancelled:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down") from None
             raise
         except BaseException:
             self._close_session()  # a failed context is not reused
             raise
         finally:
             job._session = None
-            with self._lock:
-                self._waiting -= 1
+            self._finished(job)
 
     def _session_for(self, job: Job) -> Session:
         key = (job.policy, job.budget_tokens, job.policy_settings)

@@ -19,6 +19,7 @@ from ..stats import KVStats
 
 FINISH = {"stop": "stop", "eog": "stop", "length": "length"}
 MAX_TOKENS = 32_768  # one answer at most; eviction would let it run for ever
+MAX_SEED = 2**64 - 1
 
 
 class KvOverrides(BaseModel):
@@ -26,16 +27,16 @@ class KvOverrides(BaseModel):
 
     kv_policy: str | None = None
     kv_budget: int | None = Field(default=None, ge=16)
-    kv_keep_ratio: float | None = Field(default=None, gt=0, le=1)
+    kv_keep_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
 
 
 class _Sampling(KvOverrides):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float = Field(default=0.8, ge=0, le=2)
-    top_p: float = Field(default=0.95, gt=0, le=1)
-    seed: int | None = None
+    temperature: float = Field(default=0.8, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(default=1, ge=1)
