@@ -38,7 +38,10 @@ class Sampler:
         s = self.sampling
         if s.temperature == 0:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / s.temperature
+        with np.errstate(over="ignore"):
+            z = logits.astype(np.float64) / s.temperature
+        if not np.isfinite(z).all():  # a temperature so small it overflows: greedy
+            return int(np.argmax(logits))
         z -= z.max()
         p = np.exp(z)
         p /= p.sum()

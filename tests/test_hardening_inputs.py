@@ -474,3 +474,13 @@ def test_sampling_refuses_what_the_options_refuse():
     ):
         with pytest.raises(ConfigError):
             Sampling(**bad)
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    """1e-320 overflowed logits / T to inf, and the sampler returned from NaNs."""
+    import numpy as np
+
+    from engine.sampling import Sampler, Sampling
+
+    logits = np.array([0.5, 3.0, -1.0, 2.9], dtype=np.float32)
+    assert Sampler(Sampling(1e-320, seed=1))(logits) == 1

@@ -343,8 +343,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             prompt = chat_prompt(model, messages)
         except ValueError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", param="messages") from exc
-        head = model.tokenize(prompt.prefix, add_bos=prompt.add_bos)
-        tail = model.tokenize(prompt.suffix)
+        head = model.tokenize(prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup)
+        tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
         max_tokens = req.max_completion_tokens or req.max_tokens or config.max_tokens
         return job_for(req, head, tail, [*req.stops(), *prompt.stops], max_tokens)
 

@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any, TextIO
 
+from ..cpu import REPACK_MODES, requested_mode
 from ..errors import ConfigError
 from ..policies import POLICIES
 from ..runtime import Engine
@@ -42,6 +43,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", default=None, metavar="PATH")
     p.add_argument("--gpu-layers", type=int, default=0, metavar="N")
     p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--repack",
+        choices=REPACK_MODES,
+        default=None,
+        help="llama.cpp's CPU weight repacking (default: $KVTRIM_REPACK, else auto: off on "
+        "CPUs with AMX, where it crashes)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="default: loopback only")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -85,8 +93,8 @@ def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...]:
 
 def check_options(args: argparse.Namespace) -> None:
     """What ``ServerConfig`` does not hold; raises ``ConfigError``."""
-    if not 1 <= args.port <= 65535:
-        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {args.threads}")
     if args.gpu_layers < -1:
@@ -117,7 +125,10 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         max_body_bytes=int(args.max_body_mb * 2**20),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
     )
-    with Engine(args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads) as engine:
+    requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
+    with Engine(
+        args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads, repack=args.repack
+    ) as engine:
         if engine.model.device_note:
             err.write(f"note: {engine.model.device_note}\n")
         if args.host not in LOOPBACK_HOSTS and not args.api_key:
