@@ -3,14 +3,12 @@ config folder and written atomically (a crash never leaves half a file)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from engine.batch import write_atomic
 from engine.policies import POLICIES
 
 SCHEMA_VERSION = 1
@@ -74,19 +72,7 @@ def load(path: Path) -> Settings:
 
 def save(settings: Settings, path: Path) -> None:
     """Write atomically: a temporary file in the same folder, fsync, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps({"schema": SCHEMA_VERSION, **asdict(settings)}, indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps({"schema": SCHEMA_VERSION, **asdict(settings)}, indent=1))
 
 
 def default_paths() -> tuple[Path, Path]:

@@ -279,7 +279,7 @@ def test_sigkill_during_settings_writes_never_leaves_a_bad_file(tmp_path):
         raw = json.loads(path.read_text())  # always a whole file, never half of one
         assert raw["schema"] == SCHEMA_VERSION and raw["budget_tokens"] >= 64
         assert load(path).budget_tokens == raw["budget_tokens"]
-    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".settings-")]
+    leftovers = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert len(leftovers) <= 3  # at most one temporary file per kill, never read
 
 
