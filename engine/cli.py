@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def check_settings(args: argparse.Namespace) -> None:
     """What one option alone cannot tell: the budget against the policy's
     protected tokens, and ``$KVTRIM_REPACK``. Runs before any file is read."""
-    if getattr(args, "repack", "auto") not in REPACK_MODES:
+    if getattr(args, "repack", None) not in (None, *REPACK_MODES):  # None: serve's default
         raise ConfigError(
             f"KVTRIM_REPACK must be one of {', '.join(REPACK_MODES)}, got {args.repack!r}"
         )
