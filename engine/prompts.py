@@ -59,7 +59,7 @@ def _render_marked(
     in: returns the text and the spans the template itself wrote (its markup)."""
     marked = [{**m, "content": f"\x00KVTRIM_CONTENT_{i}\x00"} for i, m in enumerate(messages)]
     rendered = _render_messages(template, model, marked)
-    trims = "trim" in template  # Gemma's and Llama 3's templates trim each content
+    trims = _trims(template)
     parts: list[str] = []
     markup: list[Span] = []
     at = length = 0
@@ -76,6 +76,12 @@ def _render_marked(
         markup.append((length, length + len(rendered) - at))
         parts.append(rendered[at:])
     return "".join(parts), tuple(markup)
+
+
+def _trims(template: str) -> bool:
+    """Whether the template trims each message's content (Gemma's and Llama 3's do),
+    so the text put back in place of a placeholder must be trimmed too."""
+    return "trim" in template
 
 
 def _cut(spans: tuple[Span, ...], at: int, end: int) -> tuple[Span, ...]:
@@ -212,7 +218,7 @@ def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
         before, after = rendered[:cut], rendered[cut + len(mark) :]
         bos_text = model.native.token_get_text(model.native.token_bos())
         add_bos = model.add_bos and not before.startswith(bos_text)
-        question = last.strip() if "trim" in template else last
+        question = last.strip() if _trims(template) else last
         tail = _cut(markup, cut + len(mark), len(rendered))
         tail = tuple((a + len(question), b + len(question)) for a, b in tail)
         return Prompt(before, "", question + after, (), add_bos, _cut(markup, 0, cut), tail)
