@@ -11,6 +11,8 @@ import math
 import os
 from collections.abc import Callable
 
+from .kvmemory import KV_TYPES, SWA_CACHES
+
 
 def _int(text: str) -> int:
     try:
@@ -76,3 +78,21 @@ def top_p(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
+
+
+def kv_options(p: argparse.ArgumentParser) -> None:
+    """--kv-type and --swa-cache (ask, summarize, serve)."""
+    p.add_argument(
+        "--kv-type",
+        choices=list(KV_TYPES),
+        default="f16",
+        help="KV cache type: q8_0/q4_0 quantize K, and V too where flash attention runs "
+        "(streaming, full); policies that read attention keep V in f16 (default: f16)",
+    )
+    p.add_argument(
+        "--swa-cache",
+        choices=list(SWA_CACHES),
+        default="window",
+        help="sliding-window layers (Gemma 2/3, gpt-oss, ...) hold window + chunk cells "
+        "(window, llama.cpp's default) or a cell per held token (full) (default: window)",
+    )

@@ -17,6 +17,7 @@ from llama_cpp import _internals
 from . import _ggml
 from .capture import AttentionCapture
 from .errors import Cancelled, EngineError, OutOfMemoryError
+from .kvmemory import KV_TYPES, swa_cells
 from .model import Model
 
 SEQ = 0
@@ -34,10 +35,27 @@ class NativeContext:
         n_threads: int,
         capture: AttentionCapture | None,
         flash_attn: bool | None = None,
+        swa_full: bool = False,
+        type_k: int = KV_TYPES["f16"],
+        type_v: int = KV_TYPES["f16"],
+        cancel_event: threading.Event | None = None,
     ) -> None:
+        """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
+        batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
+        (a quantized V needs flash attention)."""
         self.model = model
+        self.cancel_event = cancel_event or threading.Event()
+        self.settings = {
+            "n_batch": n_batch,
+            "n_threads": n_threads,
+            "capture": capture,
+            "flash_attn": flash_attn,
+            "swa_full": swa_full,
+            "type_k": type_k,
+            "type_v": type_v,
+            "cancel_event": self.cancel_event,
+        }
         self.capture = capture
-        self.cancel_event = threading.Event()
         self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -46,7 +64,9 @@ class NativeContext:
         params.n_seq_max = 1
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.swa_full = True  # removing and shifting positions needs the full SWA cache
+        params.swa_full = swa_full
+        params.type_k = type_k
+        params.type_v = type_v
         params.no_perf = True
         if flash_attn is not None:
             params.flash_attn_type = (
@@ -69,6 +89,14 @@ class NativeContext:
             ) from exc
         self.n_ctx = self._ctx.n_ctx()
         self.n_batch = n_batch
+        info = model.info
+        self.swa_cells = (
+            0
+            if not info.n_swa_layers
+            else self.n_ctx
+            if swa_full
+            else swa_cells(self.n_ctx, info.n_swa, n_batch)
+        )
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
 
@@ -137,6 +165,30 @@ class NativeContext:
 
     def pos_max(self) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, SEQ))
+
+    def resized(self, n_ctx: int) -> NativeContext:
+        """A new, empty context of ``n_ctx`` cells with the same settings (and the same
+        cancel event, so a cancel during the swap is not lost)."""
+        return NativeContext(self.model, n_ctx=n_ctx, **self.settings)  # type: ignore[arg-type]
+
+    def save_seq(self) -> bytes:
+        """The sequence's cells (positions, K and V) as llama.cpp serializes them.
+
+        Pending position shifts are not applied by the save: call it only after a
+        decode, never between ``seq_shift`` and the next decode."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, SEQ)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, SEQ)
+        if got == 0 and size:
+            raise EngineError("llama.cpp could not save the sequence's cache")
+        return bytes(buf[:got])
+
+    def load_seq(self, data: bytes) -> None:
+        """Put a saved sequence into this (empty) context: its cells land in cells
+        0..n-1 in the order they had in the old cache (llama.cpp's ``state_read``)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(data), SEQ):
+            raise EngineError("llama.cpp could not restore the sequence into the larger cache")
 
     def clear(self) -> None:
         self._ctx.kv_cache_clear()

@@ -147,7 +147,8 @@ def _markdown(item: FileSummary) -> str:
         f"# {item.path.name}\n\n{item.text.strip()}\n\n---\n\n"
         f"*kvtrim {s.policy}, budget {s.budget_tokens} tokens: read {s.prompt_tokens:,} tokens, "
         f"kept {s.cells_used:,} ({item.retention:.1%}), KV {s.kv_bytes / _MB:.1f} MB held vs "
-        f"{s.kv_bytes_full / _MB:.1f} MB for a full cache, {item.seconds:.1f} s.*\n"
+        f"{s.kv_bytes_llama_default / _MB:.1f} MB for llama.cpp's default cache, "
+        f"{item.seconds:.1f} s.*\n"
     )
 
 
@@ -218,7 +219,7 @@ def summarize_many(
 def table(results: Sequence[FileSummary]) -> str:
     """A Markdown table: tokens, retention, KV memory and time per file."""
     rows = [
-        "| file | tokens | kept / seen | KV held / full (MB) | time (s) | result |",
+        "| file | tokens | kept / seen | KV held / llama.cpp default (MB) | time (s) | result |",
         "|---|---:|---:|---:|---:|---|",
     ]
     for r in results:
@@ -228,6 +229,7 @@ def table(results: Sequence[FileSummary]) -> str:
         s = r.stats
         rows.append(
             f"| {r.source.name} | {s.prompt_tokens:,} | {r.retention:.1%} | "
-            f"{s.kv_bytes / _MB:.1f} / {s.kv_bytes_full / _MB:.1f} | {r.seconds:.1f} | {r.out} |"
+            f"{s.kv_bytes / _MB:.1f} / {s.kv_bytes_llama_default / _MB:.1f} | {r.seconds:.1f} | "
+            f"{r.out} |"
         )
     return "\n".join(rows)

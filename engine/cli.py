@@ -118,6 +118,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         default="auto",
         help="flash attention (policies that read attention always run without it)",
     )
+    types.kv_options(p)
     p.add_argument(
         "--answer-prefix",
         default="",
@@ -208,8 +209,10 @@ def _summary_line(result: dict[str, Any]) -> str:
     return (
         f"[{result['policy']} budget={result['budget_tokens']}] "
         f"{result['prompt_tokens']} prompt tokens, peak {result['kv_cells_peak']} cells, "
-        f"KV {result['kv_bytes_peak'] / _MB:.1f} MB vs {result['kv_bytes_full'] / _MB:.1f} MB full "
-        f"({result['kv_ratio']:.3f}), evicted {result['evicted_tokens']}, "
+        f"KV {result['kv_bytes_peak'] / _MB:.1f} MB vs "
+        f"{result['kv_bytes_llama_default'] / _MB:.1f} MB llama.cpp default "
+        f"({result['kv_ratio']:.3f}; {result['kv_bytes_full'] / _MB:.1f} MB swa_full), "
+        f"evicted {result['evicted_tokens']}, "
         f"prefill {result['prefill_tokens_per_s']:.0f} tok/s, "
         f"decode {result['decode_tokens_per_s']:.1f} tok/s"
     )
@@ -222,6 +225,8 @@ def _engine(args: argparse.Namespace) -> Engine:
         n_gpu_layers=args.gpu_layers,
         n_threads=getattr(args, "threads", None),
         repack=args.repack,
+        kv_type=getattr(args, "kv_type", "f16"),
+        swa_cache=getattr(args, "swa_cache", "window"),
     )
 
 
@@ -345,9 +350,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "generated_tokens": s.generated_tokens,
         "kv_cells_peak": s.cells_peak,
         "kv_cells_allocated": s.n_ctx,
+        "kv_swa_cells_allocated": s.swa_cells,
+        "kv_type": s.kv_type,
         "kv_bytes_peak": s.kv_bytes,
+        "kv_bytes_llama_default": s.kv_bytes_llama_default,
         "kv_bytes_full": s.kv_bytes_full,
         "kv_ratio": s.kv_ratio,
+        "kv_ratio_full": s.kv_ratio_full,
         "evicted_tokens": s.evicted_tokens,
         "evictions": s.evictions,
         "prefill_tokens_per_s": s.prefill_tokens_per_s,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._context import NativeContext
-from .cells import CellMap
+from .cells import EMPTY, CellMap
 
 
 def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
@@ -39,6 +39,7 @@ class KVCache:
         self.next_lpos = 0
         self.evicted = 0
         self.compactions = 0
+        self.shift_pending = False  # llama.cpp applies seq_shift at the next decode
 
     @property
     def n_used(self) -> int:
@@ -52,6 +53,7 @@ class KVCache:
         self.lpos = np.concatenate((self.lpos, new_lpos))
         self.next_id += n
         self.next_lpos += n
+        self.shift_pending = False
 
     def drop_scratch(self) -> None:
         """Remove anything decoded past the stream (an observation window)."""
@@ -80,11 +82,23 @@ class KVCache:
             delta = int(target[i] - p0)
             if delta:
                 self.ctx.seq_shift(p0, p1, delta)
+                self.shift_pending = True
                 if self.cells is not None:
                     self.cells.shift(p0, p1, delta)
         self.lpos = target
         self.next_lpos = len(target)
         self.compactions += 1
+
+    def rebind(self, ctx: NativeContext) -> None:
+        """Follow the sequence into ``ctx``, a larger context it was restored into:
+        llama.cpp's state restore writes the saved cells, in their old cell order,
+        to cells 0..n-1 of the empty cache."""
+        self.ctx = ctx
+        if self.cells is not None:
+            old = self.cells.pos
+            held = old[old != EMPTY]
+            self.cells = CellMap(ctx.n_ctx)
+            self.cells.pos[: len(held)] = held
 
     def cell_columns(self) -> np.ndarray:
         """Cell of each held token, in id order (needs cell tracking)."""

@@ -21,6 +21,7 @@ from platformdirs import user_cache_dir
 from . import _ggml
 from .cpu import CpuPath, resolve_repack
 from .errors import ModelError
+from .kvmemory import KVLayout, layout
 
 log = logging.getLogger("kvtrim.llama")
 log.setLevel(logging.ERROR)  # llama.cpp is chatty; --verbose lowers this
@@ -223,9 +224,26 @@ class ModelInfo:
 
     def kv_bytes_per_cell(self, type_k: int = _GGML_F16, type_v: int = _GGML_F16) -> int:
         """KV bytes one cell (one position) takes over all layers (units: bytes)."""
-        k = _ggml.row_bytes(type_k, self.n_head_kv * self.head_dim_k)
-        v = _ggml.row_bytes(type_v, self.n_head_kv * self.head_dim_v)
-        return self.n_layer * (k + v)
+        return self.kv_layout(type_k, type_v).cell_bytes
+
+    @property
+    def n_swa_layers(self) -> int:
+        """Sliding-window layers (0 when the model has none or kvtrim cannot tell which)."""
+        if self.n_swa <= 0 or not self.global_layers:
+            return 0
+        return self.n_layer - len(self.global_layers)
+
+    def kv_layout(self, type_k: int = _GGML_F16, type_v: int = _GGML_F16) -> KVLayout:
+        """Bytes per cell of the global and the sliding-window layers (see kvmemory.py)."""
+        return layout(
+            self.n_layer,
+            self.n_swa_layers,
+            self.n_swa,
+            self.n_head_kv * self.head_dim_k,
+            self.n_head_kv * self.head_dim_v,
+            type_k,
+            type_v,
+        )
 
 
 def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) -> tuple[int, ...]:

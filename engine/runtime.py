@@ -25,9 +25,16 @@ class Engine:
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         repack: str | None = None,
+        kv_type: str = "f16",
+        swa_cache: str = "window",
     ) -> None:
+        """``kv_type`` and ``swa_cache``: the defaults of every session (see
+        ``SessionConfig``)."""
+        SessionConfig(kv_type=kv_type, swa_cache=swa_cache)  # a bad value fails here
         self.model = Model(model_path, n_gpu_layers=n_gpu_layers, repack=repack)
         self.n_threads = n_threads
+        self.kv_type = kv_type
+        self.swa_cache = swa_cache
 
     @property
     def model_name(self) -> str:
@@ -44,6 +51,8 @@ class Engine:
         flash_attn: str = "auto",
         max_position: int | None = None,
         batch_tokens: int = MAX_BATCH,
+        swa_cache: str | None = None,
+        kv_type: str | None = None,
         **policy_settings: Any,
     ) -> Session:
         """A new session with its own cache; the model is not reloaded."""
@@ -58,6 +67,8 @@ class Engine:
             max_position=max_position,
             n_threads=self.n_threads,
             batch_tokens=batch_tokens,
+            swa_cache=swa_cache or self.swa_cache,
+            kv_type=kv_type or self.kv_type,
         )
         return Session(self.model, policy, config)
 

@@ -33,7 +33,7 @@ def _engine_check(out: TextIO) -> bool:
             f"model: {engine.model_name} ({engine.model.info.path}), loaded in {loaded:.1f} s\n"
             f"read {s.prompt_tokens:,} tokens with snapkv at budget 256: {s.evicted_tokens:,} "
             f"evicted, {s.cells_peak} cells at most, KV {s.kv_bytes / _MB:.1f} MB held vs "
-            f"{s.kv_bytes_full / _MB:.1f} MB for a full cache\n"
+            f"{s.kv_bytes_llama_default / _MB:.1f} MB for llama.cpp's default cache\n"
             f"prefill {s.prefill_tokens_per_s:.0f} tok/s, "
             f"decode {s.decode_tokens_per_s:.1f} tok/s\n"
             f"answer: {result.text.strip()!r} (pass key {KEY} "

@@ -22,6 +22,7 @@ from ._context import NativeContext
 from .capture import AttentionCapture
 from .errors import Cancelled, ConfigError, ContextOverflowError
 from .kvcache import KVCache
+from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
 from .prompts import Prompt, ask_prompt, follow_up_prompt, summary_prompt
@@ -30,7 +31,6 @@ from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
 from .trace import MemoryMap, TokenTrace
 
 MIN_CHUNK = 16
-CACHE_PAD = 256  # llama.cpp allocates KV caches in multiples of 256 cells
 MAX_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch)
 POSITION_MODES = ("compact", "original")
 """After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
@@ -46,6 +46,11 @@ class SessionConfig:
     ``positions``: see ``POSITION_MODES``. Compact is the default because on the
     default model it decides whether a kept fact is found at all (a 9K-token
     passkey document, budget 1024: found with compact, missed with original).
+
+    ``swa_cache``: see ``kvmemory.SWA_CACHES``; the budget bounds the global layers,
+    sliding-window layers keep window + batch cells (``window``) or a cell per held
+    token (``full``). ``kv_type``: K cache type, and V's too where flash attention
+    runs (policies that read no attention).
     """
 
     budget_tokens: int = 1024
@@ -56,8 +61,14 @@ class SessionConfig:
     n_threads: int | None = None
     flash_attn: str = "auto"
     batch_tokens: int = MAX_BATCH  # tokens per llama_decode call at most
+    swa_cache: str = "window"
+    kv_type: str = "f16"
 
     def __post_init__(self) -> None:
+        if self.swa_cache not in SWA_CACHES:
+            raise ConfigError(f"swa_cache must be one of {', '.join(SWA_CACHES)}")
+        if self.kv_type not in KV_TYPES:
+            raise ConfigError(f"kv_type must be one of {', '.join(KV_TYPES)}")
         if not 1 <= self.batch_tokens <= 65536:
             raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
         if self.flash_attn not in ("auto", "on", "off"):
@@ -104,27 +115,44 @@ class Session:
                     f"{model.info.arch} see the whole cache; use streaming or full"
                 )
             self.capture = AttentionCapture(model.info.global_layers)
-        # llama.cpp rounds the cache up to CACHE_PAD cells. The rounding is not used as
+        # llama.cpp rounds the cache up to 256 cells. The rounding is not used as
         # extra chunk room: a chunk close to the budget evicts too coarsely (measured:
         # SnapKV at budget 256 found 3/4 real-text keys with 64-token chunks, 1/4 with 256)
         self.capacity = budget + chunk if policy.evicts else budget
-        n_ctx = -(-self.capacity // CACHE_PAD) * CACHE_PAD
-        if n_ctx >= self.max_position:
-            raise ConfigError(f"budget + chunk ({n_ctx}) must be below {self.max_position}")
-        room = chunk if policy.evicts else n_ctx
+        self.n_ctx_max = pad(self.capacity)
+        if self.n_ctx_max >= self.max_position:
+            raise ConfigError(
+                f"budget + chunk ({self.n_ctx_max}) must be below {self.max_position}"
+            )
+        room = chunk if policy.evicts else self.n_ctx_max
         flash = None if self.capture is None else False
         if config.flash_attn != "auto":
             if self.capture is not None and config.flash_attn == "on":
                 raise ConfigError(f"{policy.name} reads attention, which needs flash attention off")
             flash = config.flash_attn == "on"
+        type_k = type_v = KV_TYPES[config.kv_type]
+        if config.kv_type != "f16":
+            if flash is None:
+                flash = True  # a quantized V cache needs flash attention
+            if not flash:
+                type_v = KV_TYPES["f16"]  # without flash attention only K is quantized
+        info = model.info
+        n_batch = min(room, config.batch_tokens)
+        # the cache grows with the text up to n_ctx_max (see _reserve): a short
+        # document never holds more cells than llama.cpp would give it
         self.ctx = NativeContext(
             model,
-            n_ctx=n_ctx,
-            n_batch=min(room, config.batch_tokens),
+            n_ctx=min(self.n_ctx_max, pad(n_batch)),
+            n_batch=n_batch,
             n_threads=config.n_threads or default_threads(),
             capture=self.capture,
             flash_attn=flash,
+            swa_full=config.swa_cache == "full" or (info.n_swa > 0 and not info.n_swa_layers),
+            type_k=type_k,
+            type_v=type_v,
         )
+        self.kv_layout = info.kv_layout(type_k, type_v)
+        self.kv_type_v = next(name for name, t in KV_TYPES.items() if t == type_v)
         self.budget = budget
         self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
         self.stats = self._new_stats()
@@ -134,6 +162,13 @@ class Session:
         self._t0 = time.perf_counter()
 
     # -- public API -------------------------------------------------------
+
+    def prepare(self, n_tokens: int) -> None:
+        """Size the cache for a job of ``n_tokens`` (prompt and answer) before it runs,
+        as ``run`` does: ``min(budget + chunk, n_tokens)`` cells, rounded up."""
+        self.reset()
+        self._reserve(n_tokens, shrink=True)
+        self._sync_stats()
 
     def cancel(self) -> None:
         """Stop the running prefill or generation soon (thread-safe)."""
@@ -239,6 +274,7 @@ class Session:
             raise ConfigError("the prompt's last part (the question) is empty")
         self.ctx.cancel_event.clear()
         self.reset()
+        self._reserve(len(head) + len(tail) + max_tokens, shrink=True)
         self._t0 = time.perf_counter()
         for name, text, tokens in sources or [("prompt", None, head), ("question", None, tail)]:
             self.trace.add(name, text, tokens)
@@ -267,7 +303,7 @@ class Session:
         window = list(observe) if self._question_aware() else []
         reserve = len(window)
         # the question only needs physical cells; the document's chunks keep to capacity
-        limit = min(self.capacity, self.ctx.n_ctx - reserve)
+        limit = min(self.capacity, self.n_ctx_max - reserve)
         room = limit - self.budget
         if self.policy.evicts and room < 1:
             raise ConfigError(
@@ -275,6 +311,8 @@ class Session:
                 "use a smaller budget or a larger chunk"
             )
         total, done = len(tokens), 0
+        fits = self.cache.n_used + total <= limit
+        self._reserve(total if fits else total + reserve)
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
             while done < total:
@@ -313,6 +351,7 @@ class Session:
         """Generate up to ``max_tokens`` tokens after what was fed."""
         if self._logits is None:
             raise ConfigError("nothing to continue from: feed a prompt first")
+        self._reserve(max_tokens)
         sample = Sampler(sampling)
         matcher = StopMatcher(stops)
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -377,12 +416,52 @@ class Session:
     # -- internals --------------------------------------------------------
 
     def _new_stats(self) -> KVStats:
+        kv_type = self.config.kv_type
+        if self.kv_type_v != kv_type:
+            kv_type = f"{kv_type}/{self.kv_type_v}"  # K/V
         return KVStats(
             policy=self.policy.name,
             budget_tokens=self.budget,
             n_ctx=self.ctx.n_ctx,
-            kv_bytes_per_cell=self.model.info.kv_bytes_per_cell(),
+            kv_bytes_per_cell=self.kv_layout.cell_bytes,
+            kv_bytes_per_cell_swa=self.kv_layout.swa_cell_bytes,
+            n_swa=self.kv_layout.n_swa,
+            swa_cells=self.ctx.swa_cells,
+            kv_type=kv_type,
         )
+
+    def _reserve(self, n_more: int, *, shrink: bool = False) -> None:
+        """Make the cache big enough for ``n_more`` tokens after those held, up to
+        ``n_ctx_max`` (past it the policy evicts). ``shrink``: an empty cache may also
+        get smaller (a new, shorter document)."""
+        want = min(self.n_ctx_max, max(pad(self.cache.n_used + n_more), pad(self.ctx.n_batch)))
+        if want > self.ctx.n_ctx or (shrink and want < self.ctx.n_ctx and not self.cache.n_used):
+            self._resize(want)
+
+    def _resize(self, n_ctx: int) -> None:
+        """Move the sequence into a new context of ``n_ctx`` cells (llama.cpp cannot
+        resize a cache in place); the cells keep their order (see KVCache.rebind)."""
+        if self.cache.shift_pending:
+            self._apply_shifts()
+        new = self.ctx.resized(n_ctx)
+        try:
+            if self.cache.n_used:
+                new.load_seq(self.ctx.save_seq())
+        except BaseException:
+            new.close()
+            raise
+        old, self.ctx = self.ctx, new
+        self.cache.rebind(new)
+        old.close()
+        self.stats.n_ctx = new.n_ctx
+        self.stats.swa_cells = new.swa_cells
+
+    def _apply_shifts(self) -> None:
+        """llama.cpp applies position shifts at the next decode and does not save them:
+        decode one scratch token and remove it again."""
+        self.ctx.decode([0], self.cache.next_lpos, logits=False)
+        self.cache.drop_scratch()
+        self.cache.shift_pending = False
 
     def _new_trace(self) -> TokenTrace:
         return TokenTrace(lambda token: self.model.piece(token, special=True))
@@ -397,6 +476,8 @@ class Session:
         s.tokens_seen = self.cache.next_id
         s.evicted_tokens = self.cache.evicted
         s.compactions = self.cache.compactions
+        s.n_ctx = self.ctx.n_ctx
+        s.swa_cells = self.ctx.swa_cells
 
     def _decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
         n = len(tokens)

@@ -9,15 +9,28 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .kvmemory import KVLayout
+
 
 @dataclass
 class KVStats:
-    """The state of a session's cache and its running totals."""
+    """The state of a session's cache and its running totals.
+
+    KV bytes come in three figures (see kvmemory.py): ``kv_bytes`` held by this
+    session, ``kv_bytes_llama_default`` that llama.cpp's default context would
+    allocate for the same tokens, ``kv_bytes_full`` for a cell per token in every
+    layer. ``n_ctx`` is the global layers' cells, ``swa_cells`` the sliding-window
+    layers' (0 without such layers).
+    """
 
     policy: str
     budget_tokens: int
     n_ctx: int
-    kv_bytes_per_cell: int
+    kv_bytes_per_cell: int  # over every layer
+    kv_bytes_per_cell_swa: int = 0  # the sliding-window layers' share of it
+    n_swa: int = 0
+    swa_cells: int = 0
+    kv_type: str = "f16"
     cells_used: int = 0
     cells_peak: int = 0
     tokens_seen: int = 0
@@ -33,24 +46,41 @@ class KVStats:
     first_token_s: float | None = None
 
     @property
+    def layout(self) -> KVLayout:
+        swa = self.kv_bytes_per_cell_swa
+        return KVLayout(self.kv_bytes_per_cell - swa, swa, self.n_swa)
+
+    @property
     def kv_bytes(self) -> int:
-        """KV memory the session holds: the allocated cache of ``n_ctx`` cells."""
-        return self.n_ctx * self.kv_bytes_per_cell
+        """KV memory the session holds: its allocated caches (global and SWA layers)."""
+        return self.layout.allocated(self.n_ctx, self.swa_cells)
+
+    @property
+    def kv_bytes_llama_default(self) -> int:
+        """What llama.cpp's default context would allocate for every token seen
+        (sliding-window layers at window + batch cells), same model and KV types."""
+        return self.layout.llama_default(self.tokens_seen)
 
     @property
     def kv_bytes_full(self) -> int:
-        """What a full cache for every token seen would hold, same model and KV type."""
-        return self.tokens_seen * self.kv_bytes_per_cell
+        """A cell for every token seen in every layer (llama-cpp-python's ``swa_full``)."""
+        return self.layout.full(self.tokens_seen)
 
     @property
     def kv_ratio(self) -> float:
-        """KV memory held / what a full cache would hold (0 before any token)."""
+        """KV memory held / llama.cpp's default for the same tokens (0 before any)."""
+        base = self.kv_bytes_llama_default
+        return self.kv_bytes / base if base else 0.0
+
+    @property
+    def kv_ratio_full(self) -> float:
+        """KV memory held / a full cache in every layer (0 before any token)."""
         return self.kv_bytes / self.kv_bytes_full if self.kv_bytes_full else 0.0
 
     @property
     def kv_bytes_used(self) -> int:
-        """KV memory of the cells in use now."""
-        return self.cells_used * self.kv_bytes_per_cell
+        """KV memory of the cells in use now (SWA layers: at most their cache)."""
+        return self.layout.allocated(self.cells_used, min(self.cells_used, self.swa_cells))
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -64,9 +94,11 @@ class KVStats:
         d = asdict(self)
         for name in (
             "kv_bytes",
+            "kv_bytes_llama_default",
             "kv_bytes_full",
             "kv_bytes_used",
             "kv_ratio",
+            "kv_ratio_full",
             "prefill_tokens_per_s",
             "decode_tokens_per_s",
         ):

@@ -48,8 +48,10 @@ def _tables(lines: list[str]) -> list[dict[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("positions", ["compact", "original"])
-def test_cell_map_matches_llama_cpp_after_many_evictions(engine, monkeypatch, positions):
+@pytest.mark.parametrize(
+    ("positions", "swa_cache"), [("compact", "window"), ("original", "window"), ("compact", "full")]
+)
+def test_cell_map_matches_llama_cpp_after_many_evictions(engine, monkeypatch, positions, swa_cache):
     monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "3")
     handler = _Records()
     old_level = llama_log.level
@@ -57,18 +59,30 @@ def test_cell_map_matches_llama_cpp_after_many_evictions(engine, monkeypatch, po
     llama_log.addHandler(handler)
     try:
         session = engine.session(
-            "snapkv", 200, chunk_tokens=56, positions=positions, question_aware=False
+            "snapkv",
+            300,
+            chunk_tokens=56,
+            positions=positions,
+            question_aware=False,
+            swa_cache=swa_cache,
         )
-        tokens = engine.model.tokenize(prose(160, seed=3), add_bos=True)
-        assert len(tokens) > 1000
+        tokens = engine.model.tokenize(prose(200, seed=3), add_bos=True)
+        assert len(tokens) > 1400
         expected: list[dict[int, int]] = [{}]
-        for event in session.feed(tokens, logits=False):
-            # state before the next decode: after this decode, or after the eviction
-            # that follows it
-            if isinstance(event, Evicted):
-                expected[-1] = session.cache.cells.snapshot()
-            else:
-                expected.append(session.cache.cells.snapshot())
+        # a short first part: the cache starts small and grows (a state copy into a
+        # new context) when the rest comes
+        for part in (tokens[:40], tokens[40:]):
+            n_ctx = session.ctx.n_ctx
+            for event in session.feed(part, logits=False):
+                if session.ctx.n_ctx != n_ctx:  # llama.cpp logged the restore's slot search
+                    expected[-1:] = [{}, expected[-1]]
+                    n_ctx = session.ctx.n_ctx
+                # state before the next decode: after this decode, or after the eviction
+                # that follows it
+                if isinstance(event, Evicted):
+                    expected[-1] = session.cache.cells.snapshot()
+                else:
+                    expected.append(session.cache.cells.snapshot())
         # one more decode so llama.cpp logs the state after the last event
         list(session.feed(tokens[:1], logits=False))
         session.close()
@@ -82,5 +96,6 @@ def test_cell_map_matches_llama_cpp_after_many_evictions(engine, monkeypatch, po
     assert decodes == len(expected)
     for k, (want, got) in enumerate(zip(expected, actual, strict=True)):
         assert want == got, f"cell map differs from llama.cpp before decode {k}"
-    # the cache really had holes that were refilled out of order
+    # the cache really had holes that were refilled out of order, and it grew once
     assert any(set(t.values()) != set(range(len(t))) for t in actual)
+    assert session.ctx.n_ctx == 512 and expected.count({}) == 2

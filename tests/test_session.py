@@ -208,7 +208,11 @@ def test_stats_report_memory_and_speed(engine):
     st = r.stats
     per_cell = engine.model.info.kv_bytes_per_cell()
     assert per_cell == 18 * 2 * 256 * 2  # 18 layers, K and V, 256 dims, f16
-    assert st.kv_bytes == st.n_ctx * per_cell
+    layer = 2 * 256 * 2
+    # 3 global layers at n_ctx cells, 15 sliding-window layers at window + batch cells,
+    # at most n_ctx (so here, a cache of 256 cells, all layers alike)
+    assert st.n_ctx == 256 and st.swa_cells == 256
+    assert st.kv_bytes == 3 * layer * st.n_ctx + 15 * layer * st.swa_cells
     assert st.kv_bytes_full == (st.prompt_tokens + st.generated_tokens) * per_cell
     assert st.kv_bytes < st.kv_bytes_full / 4
     assert st.prefill_tokens_per_s > 0 and st.decode_tokens_per_s > 0

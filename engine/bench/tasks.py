@@ -73,8 +73,13 @@ def _figures(stats: KVStats, monitor: MemoryMonitor, wall_s: float) -> dict[str,
         "generated_tokens": stats.generated_tokens,
         "kv_cells_peak": stats.cells_peak,
         "kv_bytes_peak": stats.kv_bytes,
+        "kv_bytes_llama_default": stats.kv_bytes_llama_default,
         "kv_bytes_full": stats.kv_bytes_full,
         "kv_ratio": stats.kv_ratio,
+        "kv_ratio_full": stats.kv_ratio_full,
+        "kv_cells_allocated": stats.n_ctx,
+        "kv_swa_cells": stats.swa_cells,
+        "kv_type": stats.kv_type,
         "evicted_tokens": stats.evicted_tokens,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "decode_tokens_per_s": stats.decode_tokens_per_s,
@@ -112,8 +117,10 @@ def passkey(
     haystack: str,
     offset: int = 0,
     max_tokens: int = 8,
+    **session: Any,
 ) -> dict[str, Any]:
-    """Pass key retrieval: is the key in the greedy answer?"""
+    """Pass key retrieval: is the key in the greedy answer? ``session``: more
+    ``Engine.session`` settings (``swa_cache``, ``kv_type``)."""
     doc = (
         filler_haystack(length, depth, key)
         if haystack == "filler"
@@ -122,7 +129,8 @@ def passkey(
     prompt = Prompt(PASSKEY_PREFIX, doc, PASSKEY_SUFFIX, (), True)
     monitor = MemoryMonitor()
     start = time.perf_counter()
-    with engine.session(policy, _budget_for(policy, budget, length, 96 + max_tokens)) as s:
+    size = _budget_for(policy, budget, length, 96 + max_tokens)
+    with engine.session(policy, size, **session) as s:
         done = _drain(s.run(prompt, max_tokens=max_tokens, stops=()), monitor)
     monitor.close()
     return {
@@ -146,12 +154,13 @@ def continuation_logprobs(
     doc: list[int],
     cont: list[int],
     flash_attn: str = "auto",
+    **session: Any,
 ) -> tuple[np.ndarray, KVStats, float]:
     """Teacher-forced log-probabilities over ``cont`` after reading ``doc``."""
     blocks = []
     start = time.perf_counter()
     size = _budget_for(policy, budget, len(doc) + len(cont), 16)
-    with engine.session(policy, size, flash_attn=flash_attn) as s:
+    with engine.session(policy, size, flash_attn=flash_attn, **session) as s:
         for _ in s.feed(doc, logits=False):
             pass
         for block in s.teacher_force(cont):
@@ -161,12 +170,18 @@ def continuation_logprobs(
 
 
 def fidelity(
-    engine: Engine, policy: str, budget: int, doc: list[int], cont: list[int], reference: np.ndarray
+    engine: Engine,
+    policy: str,
+    budget: int,
+    doc: list[int],
+    cont: list[int],
+    reference: np.ndarray,
+    **session: Any,
 ) -> dict[str, Any]:
     """Mean KL(full || policy) of the next-token distribution, and top-1 agreement,
     teacher-forced over ``cont`` (units: nats; fraction)."""
     monitor = MemoryMonitor()
-    logp, stats, wall = continuation_logprobs(engine, policy, budget, doc, cont)
+    logp, stats, wall = continuation_logprobs(engine, policy, budget, doc, cont, **session)
     monitor.sample()
     monitor.close()
     p_ref = np.exp(reference)

@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any, TextIO
 
+from .._argtypes import kv_options
 from ..cpu import REPACK_MODES, requested_mode
 from ..errors import ConfigError
 from ..policies import POLICIES
@@ -50,6 +51,7 @@ def add_parser(sub: Any) -> None:
         help="llama.cpp's CPU weight repacking (default: $KVTRIM_REPACK, else auto: off on "
         "CPUs with AMX, where it crashes)",
     )
+    kv_options(p)
     p.add_argument("--host", default="127.0.0.1", help="default: loopback only")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -127,7 +129,12 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
     with Engine(
-        args.model, n_gpu_layers=args.gpu_layers, n_threads=args.threads, repack=args.repack
+        args.model,
+        n_gpu_layers=args.gpu_layers,
+        n_threads=args.threads,
+        repack=args.repack,
+        kv_type=args.kv_type,
+        swa_cache=args.swa_cache,
     ) as engine:
         if engine.model.device_note:
             err.write(f"note: {engine.model.device_note}\n")

@@ -44,9 +44,16 @@ class Metrics:
         self.kv_bytes_held = Gauge(
             "kvtrim_kv_bytes_held", "KV cache allocated by the last request", registry=r
         )
+        self.kv_bytes_llama_default = Gauge(
+            "kvtrim_kv_bytes_llama_default",
+            "KV llama.cpp's default context (sliding-window layers at window + batch cells) "
+            "would allocate for the last request's tokens",
+            registry=r,
+        )
         self.kv_bytes_full = Gauge(
             "kvtrim_kv_bytes_full",
-            "KV a full cache would have needed for the last request's tokens",
+            "KV a cache with a cell per token in every layer (swa_full) would have needed "
+            "for the last request's tokens",
             registry=r,
         )
         self.prefill_speed = Summary(
@@ -72,6 +79,7 @@ class Metrics:
         self._count += 1
         self.retention_mean.set(self._ratios / self._count)
         self.kv_bytes_held.set(stats.kv_bytes)
+        self.kv_bytes_llama_default.set(stats.kv_bytes_llama_default)
         self.kv_bytes_full.set(stats.kv_bytes_full)
         if stats.prefill_s > 0:
             self.prefill_speed.observe(stats.prefill_tokens_per_s)

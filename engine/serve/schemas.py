@@ -97,7 +97,9 @@ def kv_report(stats: KVStats) -> dict[str, Any]:
         "cells_kept": stats.cells_used,
         "evicted_tokens": stats.evicted_tokens,
         "kv_bytes_held": stats.kv_bytes,
+        "kv_bytes_llama_default": stats.kv_bytes_llama_default,
         "kv_bytes_full": stats.kv_bytes_full,
+        "kv_type": stats.kv_type,
         "prefill_tokens_per_s": round(stats.prefill_tokens_per_s, 1),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1),
     }

@@ -1,0 +1,88 @@
+"""How many bytes of KV cache llama.cpp allocates, for kvtrim and for the baselines.
+
+Sliding-window models (Gemma 2/3, Cohere 2, gpt-oss, ...) have two caches in
+llama.cpp (``llama_kv_cache_iswa``): the global layers hold ``n_ctx`` cells, the
+sliding-window layers only ``pad(min(n_ctx, n_swa + n_ubatch))`` cells, unless
+``swa_full`` gives them ``n_ctx`` too (llama-cpp-python's default). Three figures:
+
+- *held*: the cache a kvtrim session allocated (its ``n_ctx`` and SWA cells);
+- *llama.cpp default*: what llama.cpp's default context (``swa_full`` off,
+  ``n_ubatch`` 512, same KV types) allocates for the same tokens;
+- *full*: a cell for every token in every layer (``swa_full`` on).
+
+Units: cells are KV slots (one per token per layer group), sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _ggml
+
+CACHE_PAD = 256  # llama.cpp allocates both caches in multiples of 256 cells
+LLAMA_UBATCH = 512  # llama.cpp's default n_ubatch
+KV_TYPES: dict[str, int] = {"f16": 1, "q8_0": 8, "q4_0": 2}  # name -> ggml type id
+"""KV cache types kvtrim offers (``--kv-type``)."""
+SWA_CACHES = ("window", "full")
+"""``window``: sliding-window layers keep window + batch cells (llama.cpp's default);
+``full``: every layer keeps a cell for every held token (``swa_full``)."""
+
+
+def pad(cells: int) -> int:
+    """``cells`` rounded up to llama.cpp's cache granularity (at least one block)."""
+    return max(CACHE_PAD, -(-cells // CACHE_PAD) * CACHE_PAD)
+
+
+def swa_cells(n_ctx: int, n_swa: int, n_ubatch: int) -> int:
+    """Cells of llama.cpp's sliding-window cache (``llama_kv_cache_iswa``, one sequence)."""
+    return pad(min(n_ctx, n_swa + n_ubatch))
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Bytes per cell of a model's two layer groups, for one pair of KV types."""
+
+    global_cell_bytes: int  # all global (full-attention) layers together
+    swa_cell_bytes: int  # all sliding-window layers together (0: none)
+    n_swa: int  # the window in tokens (0: no sliding-window layers)
+
+    @property
+    def cell_bytes(self) -> int:
+        """One cell over every layer."""
+        return self.global_cell_bytes + self.swa_cell_bytes
+
+    def allocated(self, n_ctx: int, n_swa_cells: int) -> int:
+        """Bytes of a cache of ``n_ctx`` global cells and ``n_swa_cells`` SWA cells."""
+        return n_ctx * self.global_cell_bytes + n_swa_cells * self.swa_cell_bytes
+
+    def llama_default(self, n_tokens: int) -> int:
+        """What llama.cpp's default context sized for ``n_tokens`` allocates."""
+        if n_tokens <= 0:
+            return 0
+        n_ctx = pad(n_tokens)
+        n_swa_cells = swa_cells(n_ctx, self.n_swa, LLAMA_UBATCH) if self.swa_cell_bytes else 0
+        return self.allocated(n_ctx, n_swa_cells)
+
+    def full(self, n_tokens: int) -> int:
+        """A cell for every token in every layer."""
+        return n_tokens * self.cell_bytes
+
+
+def layout(
+    n_layer: int,
+    n_swa_layers: int,
+    n_swa: int,
+    k_elements: int,
+    v_elements: int,
+    type_k: int = KV_TYPES["f16"],
+    type_v: int = KV_TYPES["f16"],
+) -> KVLayout:
+    """The layout of a model with ``n_swa_layers`` of ``n_layer`` layers windowed;
+    ``k_elements``/``v_elements`` are K/V values per layer per cell."""
+    per_layer = _ggml.row_bytes(type_k, k_elements) + _ggml.row_bytes(type_v, v_elements)
+    n_swa_layers = n_swa_layers if n_swa > 0 else 0
+    return KVLayout(
+        global_cell_bytes=(n_layer - n_swa_layers) * per_layer,
+        swa_cell_bytes=n_swa_layers * per_layer,
+        n_swa=n_swa if n_swa_layers else 0,
+    )

@@ -1,0 +1,203 @@
+"""KV memory: the baselines against llama.cpp's own allocation, the sliding-window
+cache, a cache that grows with the text, and quantized KV types."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from docs_for_tests import prose
+
+from engine import Session
+from engine.cpu import reference_llama
+from engine.errors import ConfigError
+from engine.kvmemory import pad, swa_cells
+from engine.model import log as llama_log
+
+MiB = 2**20
+LAYER = 2 * 256 * 2  # K and V, 256 values each, f16: bytes per layer per cell
+SIZE = re.compile(
+    r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers.*K \((\w+)\).*V \((\w+)\)"
+)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def caches(self) -> list[tuple[float, int, int, str, str]]:
+        """(MiB, cells, layers, K type, V type) of every cache llama.cpp created."""
+        out = []
+        for line in self.lines:
+            m = SIZE.search(line)
+            if m:
+                out.append((float(m[1]), int(m[2]), int(m[3]), m[4], m[5]))
+        return out
+
+
+@pytest.fixture
+def llama_lines() -> Iterator[_Lines]:
+    handler = _Lines()
+    old = llama_log.level
+    llama_log.setLevel(logging.INFO)
+    llama_log.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(old)
+
+
+def test_layout_of_the_default_model(engine):
+    layout = engine.model.info.kv_layout()
+    assert engine.model.info.n_swa_layers == 15
+    assert (layout.global_cell_bytes, layout.swa_cell_bytes, layout.n_swa) == (
+        3 * LAYER,
+        15 * LAYER,
+        512,
+    )
+    # the figures of the issue: 16K tokens, 48 + 15 MiB; 64K tokens, 192 + 15 MiB
+    assert layout.llama_default(16384) == 63 * MiB
+    assert layout.full(16384) == 288 * MiB
+    assert layout.llama_default(65536) == 207 * MiB
+    assert swa_cells(1280, 512, 256) == 768 and swa_cells(256, 512, 64) == 256
+
+
+@pytest.mark.parametrize("n_tokens", [3000, 20000])
+def test_llama_default_is_what_llama_cpp_allocates(engine, llama_lines, n_tokens):
+    """The baseline is measured, not assumed: plain llama-cpp-python with llama.cpp's
+    default sliding-window cache logs the same bytes."""
+    llm = reference_llama(
+        engine.model.info.path, n_ctx=n_tokens, swa_full=False, verbose=False, n_threads=1
+    )
+    llm.close()
+    caches = llama_lines.caches()[-2:]
+    assert [c[2] for c in caches] == [3, 15]
+    logged = sum(c[0] for c in caches) * MiB
+    expected = engine.model.info.kv_layout().llama_default(n_tokens)
+    assert abs(logged - expected) <= 0.01 * MiB
+    assert caches[0][1] == pad(n_tokens) and caches[1][1] == 1024
+
+
+@pytest.mark.parametrize(
+    ("policy", "swa_cache", "kv_type", "k", "v"),
+    [
+        ("snapkv", "window", "f16", "f16", "f16"),
+        ("snapkv", "full", "f16", "f16", "f16"),
+        ("snapkv", "window", "q8_0", "q8_0", "f16"),  # reads attention: V stays f16
+        ("streaming", "window", "q4_0", "q4_0", "q4_0"),  # flash attention: V too
+    ],
+)
+def test_session_bytes_are_what_llama_cpp_allocates(
+    engine, llama_lines, policy, swa_cache, kv_type, k, v
+):
+    with engine.session(policy, 1024, swa_cache=swa_cache, kv_type=kv_type) as s:
+        n = len(llama_lines.lines)
+        s.prepare(5000)
+        caches = [c for c in _Lines.caches(_lines_after(llama_lines, n))]
+        st = s.stats
+    assert len(caches) == 2
+    (g_mib, g_cells, g_layers, gk, gv), (w_mib, w_cells, w_layers, wk, wv) = caches
+    assert (g_layers, w_layers) == (3, 15)
+    assert (gk, gv, wk, wv) == (k, v, k, v)
+    assert g_cells == st.n_ctx == 1280  # budget 1024 + chunk 256
+    assert w_cells == st.swa_cells == (1280 if swa_cache == "full" else 768)
+    assert abs((g_mib + w_mib) * MiB - st.kv_bytes) <= 0.01 * MiB
+    assert st.kv_type == (kv_type if k == v else f"{k}/{v}")
+    if swa_cache == "window" and kv_type == "f16":
+        assert st.kv_bytes == 15 * MiB  # 3 x 1,280 + 15 x 768 cells of 1 KiB
+
+
+def _lines_after(handler: _Lines, n: int) -> _Lines:
+    out = _Lines()
+    out.lines = handler.lines[n:]
+    return out
+
+
+def test_a_short_document_holds_no_more_than_llama_cpp_would(engine):
+    """A budget larger than the text does not allocate the budget."""
+    doc = prose(40, seed=2)
+    with engine.session("snapkv", 4096) as s:
+        r = Session.collect(s.ask(doc, "Who found the lamp?", max_tokens=8))
+    st = r.stats
+    assert st.evictions == 0
+    assert st.n_ctx == pad(st.tokens_seen) < 4096
+    assert st.kv_bytes <= st.kv_bytes_llama_default
+    with engine.session("full", 4096) as s:
+        assert Session.collect(s.ask(doc, "Who found the lamp?", max_tokens=8)).text == r.text
+
+
+def _teacher_forced(s: Session, parts: list[list[int]]) -> np.ndarray:
+    rows = []
+    for part in parts:
+        rows += list(s.teacher_force(part))
+    return np.concatenate(rows)
+
+
+def test_a_growing_cache_keeps_every_cell(engine):
+    """A cache that starts small and is moved into larger contexts (a state copy)
+    predicts exactly what a cache sized for everything from the start predicts."""
+    tokens = engine.model.tokenize(prose(90, seed=8), add_bos=True)
+    parts = [tokens[:200], tokens[200:500], tokens[500:]]
+    assert len(tokens) > 700
+    with engine.session("snapkv", 2048) as grown:
+        first = grown.ctx.n_ctx
+        got = _teacher_forced(grown, parts)
+        assert first < grown.ctx.n_ctx  # it grew at least once
+        assert grown.cache.cells is not None and grown.cache.cells.n_used == len(tokens)
+    with engine.session("snapkv", 2048) as sized:
+        sized.prepare(2048)
+        want = _teacher_forced(sized, parts)
+    assert got.shape == want.shape
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert np.abs(got - want).max() < 1e-2
+
+
+def test_a_pending_shift_survives_the_move(engine):
+    """llama.cpp applies position shifts at the next decode and does not save them;
+    a move right after a compaction must apply them first."""
+    tokens = engine.model.tokenize(prose(60, seed=9), add_bos=True)
+    cont = engine.model.tokenize(prose(6, seed=10))
+    out = []
+    for move in (False, True):
+        with engine.session("streaming", 256, chunk_tokens=64, positions="original") as s:
+            list(s.feed(tokens, logits=False))
+            assert s.stats.evictions > 0
+            s.cache.compact()
+            assert s.cache.shift_pending
+            if move:
+                s._resize(s.ctx.n_ctx + 256)
+            out.append(_teacher_forced(s, [cont]))
+    assert np.array_equal(out[0].argmax(axis=1), out[1].argmax(axis=1))
+    assert np.abs(out[0] - out[1]).max() < 1e-2
+
+
+def test_quantized_k_survives_evictions_and_shifts(engine):
+    """q8_0 K with attention capture, evictions and compaction (RoPE re-applied to a
+    quantized K): the predictions stay close to the f16 cache's."""
+    tokens = engine.model.tokenize(prose(100, seed=11), add_bos=True)
+    cont = engine.model.tokenize(prose(8, seed=12))
+    preds = {}
+    for kv_type in ("f16", "q8_0"):
+        with engine.session("snapkv", 256, kv_type=kv_type, question_aware=False) as s:
+            list(s.feed(tokens, logits=False))
+            assert s.stats.evictions > 0 and s.stats.compactions > 0
+            preds[kv_type] = _teacher_forced(s, [cont]).argmax(axis=1)
+            if kv_type == "q8_0":
+                assert s.stats.kv_type == "q8_0/f16"
+    agree = (preds["f16"] == preds["q8_0"]).mean()
+    assert agree >= 0.85, agree
+
+
+def test_bad_kv_settings_are_refused(engine):
+    with pytest.raises(ConfigError, match="kv_type"):
+        engine.session("snapkv", 256, kv_type="q2_k")
+    with pytest.raises(ConfigError, match="swa_cache"):
+        engine.session("snapkv", 256, swa_cache="half")
