@@ -66,6 +66,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "writes OUT/robustness.json and OUT/robustness.md",
     )
     p.add_argument(
+        "--kv-memory",
+        action="store_true",
+        help="only KV memory against llama.cpp's default (2K-64K tokens), the "
+        "sliding-window cache against swa_full and q8_0/q4_0 caches (about an hour; "
+        "with --quick a minute); writes OUT/kvmem.json, OUT/kvmem.md and a plot",
+    )
+    p.add_argument(
+        "--parts",
+        type=_csv,
+        default=None,
+        help="with --kv-memory: which of alloc,long,swa,kv_type (default: all)",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="rewrite report.md and the plots from OUT/results.json",
@@ -153,10 +166,45 @@ def _robustness(cfg: BenchConfig, out_dir: Path, out: TextIO, err: TextIO) -> in
     return 0
 
 
+def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import json
+
+    from ..runtime import Engine
+    from . import kvmem, kvmem_report
+
+    path = args.out / "kvmem.json"
+    if args.report_only:
+        result = json.loads(path.read_text())
+    else:
+        cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
+        if args.lengths is not None:
+            cfg.lengths = args.lengths
+        if args.parts is not None:
+            bad = [p for p in args.parts if p not in kvmem.PARTS]
+            if bad:
+                raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(kvmem.PARTS)}")
+            cfg.parts = args.parts
+
+        def step(label: str) -> None:
+            err.write(label + "\n")
+            err.flush()
+
+        command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        with Engine(args.model, n_threads=args.threads) as engine:
+            result = kvmem.run(cfg, engine, args.out, step, command)
+    report_path = kvmem_report.write(result, args.out)
+    for name, measured, ok in kvmem_report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+    out.write(f"wrote {path} and {report_path}\n")
+    return 0
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
     _check_tools()
+    if args.kv_memory:
+        return _kv_memory(args, out, err)
     if args.report_only:
         import json
 
