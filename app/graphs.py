@@ -1,6 +1,11 @@
-"""Live memory graphs (pyqtgraph), x in seconds: KV cache held against what a
-full cache would need for the same tokens, tokens in cache against tokens seen,
-and GPU memory (NVML) or, without an NVIDIA GPU, the process's RAM."""
+"""Live memory graphs (pyqtgraph), x in seconds.
+
+The KV plot draws the cache the session holds against two baselines for the same
+tokens: what llama.cpp's own default context would allocate (sliding-window
+layers at window + batch cells; the comparison the label states first) and a
+cache with a cell per token in every layer (llama-cpp-python's ``swa_full``).
+Below it: tokens in cache against tokens seen, and GPU memory (NVML) or, without
+an NVIDIA GPU, the process's RAM."""
 
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ class MemoryGraphs(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.samples: deque[tuple[float, float, float, int, int]] = deque(maxlen=HISTORY)
+        # (s, held MB, llama.cpp default MB, swa_full MB, cells used, tokens seen)
+        self.samples: deque[tuple[float, float, float, float, int, int]] = deque(maxlen=HISTORY)
         self.memory: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
         self._t0 = time.monotonic()
         self._job_t0 = self._t0
@@ -31,9 +37,13 @@ class MemoryGraphs(QWidget):
         self.kv_plot = pg.PlotWidget(title="KV cache (MB)")
         self.kv_plot.addLegend(offset=(5, 5))
         self.kv_held = self.kv_plot.plot(name="held", pen=pg.mkPen("#2a9d8f", width=2))
-        self.kv_full = self.kv_plot.plot(
-            name="full cache would need",
+        self.kv_default = self.kv_plot.plot(
+            name="llama.cpp default",
             pen=pg.mkPen("#e76f51", width=2, style=Qt.PenStyle.DashLine),
+        )
+        self.kv_full = self.kv_plot.plot(
+            name="swa_full (every layer)",
+            pen=pg.mkPen("#f4a261", width=1.5, style=Qt.PenStyle.DotLine),
         )
         self.tok_plot = pg.PlotWidget(title="tokens")
         self.tok_plot.addLegend(offset=(5, 5))
@@ -64,11 +74,21 @@ class MemoryGraphs(QWidget):
         layout.addWidget(self.memory_label)
 
     def set_dark(self, dark: bool) -> None:
+        """Backgrounds, titles, axes and legends for a dark or a light theme."""
         fg = "#d0d0d0" if dark else "#404040"
+        bg = "#16181b" if dark else "#ffffff"
         for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
-            plot.setBackground("#16181b" if dark else "w")
+            plot.setBackground(bg)
             item = plot.getPlotItem()
             item.titleLabel.setAttr("color", fg)
+            item.setTitle(item.titleLabel.text)  # redrawn in the new colour
+            # a legend on a backing, so a line passing under it leaves it readable
+            backing = pg.mkColor(bg)
+            backing.setAlpha(220)
+            item.legend.setBrush(backing)
+            item.legend.setLabelTextColor(fg)
+            for _, label in item.legend.items:
+                label.setText(label.text)  # redrawn in the new colour
             for axis in ("left", "bottom"):
                 item.getAxis(axis).setPen(fg)
                 item.getAxis(axis).setTextPen(fg)
@@ -78,28 +98,23 @@ class MemoryGraphs(QWidget):
         self.samples.clear()
         self.last = None
         self._job_t0 = time.monotonic()
-        for curve in (self.kv_held, self.kv_full, self.tok_cache, self.tok_seen):
+        for curve in (self.kv_held, self.kv_default, self.kv_full, self.tok_cache, self.tok_seen):
             curve.setData([], [])
 
     def add(self, stats: KVStats) -> None:
         """One KV sample now (an engine event, or the last one again on a timer tick)."""
         self.last = stats
-        held, full = stats.kv_bytes / _MB, stats.kv_bytes_full / _MB
+        held, default = stats.kv_bytes / _MB, stats.kv_bytes_llama_default / _MB
+        full = stats.kv_bytes_full / _MB
         t = time.monotonic() - self._job_t0
-        self.samples.append((t, held, full, stats.cells_used, stats.tokens_seen))
+        self.samples.append((t, held, default, full, stats.cells_used, stats.tokens_seen))
         xs = [s[0] for s in self.samples]
         self.kv_held.setData(xs, [s[1] for s in self.samples])
-        self.kv_full.setData(xs, [s[2] for s in self.samples])
-        self.tok_cache.setData(xs, [s[3] for s in self.samples])
-        self.tok_seen.setData(xs, [s[4] for s in self.samples])
-        if full > held > 0:
-            self.saving.setText(
-                f"<b>Saving {full - held:.1f} MB</b>: the cache holds {held:.1f} MB where a "
-                f"full cache would need {full:.1f} MB ({full / held:.1f}x); "
-                f"{stats.cells_used:,} of {stats.tokens_seen:,} tokens kept."
-            )
-        else:
-            self.saving.setText(f"Cache {held:.1f} MB for {stats.tokens_seen:,} tokens.")
+        self.kv_default.setData(xs, [s[2] for s in self.samples])
+        self.kv_full.setData(xs, [s[3] for s in self.samples])
+        self.tok_cache.setData(xs, [s[4] for s in self.samples])
+        self.tok_seen.setData(xs, [s[5] for s in self.samples])
+        self.saving.setText(saving_text(stats))
 
     def add_memory(self, sample: MemorySample) -> None:
         """GPU memory when NVML sees a GPU, else the process's RAM."""
@@ -127,3 +142,35 @@ class MemoryGraphs(QWidget):
         else:
             self.mem_total.setData([], [])
         self.memory_label.setText(text)
+
+
+def saving_text(stats: KVStats) -> str:
+    """The KV label: the saving against llama.cpp's default cache first, then the
+    cache with every layer at full length; "no saving yet" when there is none."""
+    held, default = stats.kv_bytes / _MB, stats.kv_bytes_llama_default / _MB
+    full = stats.kv_bytes_full / _MB
+    kv_type = _kv_type_note(stats.kv_type)
+    if stats.tokens_seen <= 0:
+        return f"Cache {held:.1f} MB, no tokens read yet.{kv_type}"
+    kept = f"{stats.cells_used:,} of {stats.tokens_seen:,} tokens kept."
+    if default > held > 0:
+        return (
+            f"<b>Saving {default - held:.1f} MB</b>: the cache holds {held:.1f} MB where "
+            f"llama.cpp's default cache would hold {default:.1f} MB ({default / held:.1f}x); "
+            f"a cache with every layer at full length: {full:.1f} MB. {kept}{kv_type}"
+        )
+    return (
+        f"<b>No saving yet</b>: the cache holds {held:.1f} MB for {stats.tokens_seen:,} "
+        f"tokens, and llama.cpp's default would hold {default:.1f} MB (every layer at full "
+        f"length: {full:.1f} MB). A text that fits the budget is held whole, as llama.cpp "
+        f"would; eviction saves once the text outgrows budget + chunk. {kept}{kv_type}"
+    )
+
+
+def _kv_type_note(kv_type: str) -> str:
+    """A sentence naming a quantized cache type ("q8_0/f16" is K q8_0, V f16); "" for f16."""
+    if kv_type == "f16":
+        return ""
+    k, _, v = kv_type.partition("/")
+    types = f"K {k}, V {v}" if v else f"K and V {k}"
+    return f" Cache type: {types}; the baselines use the same types."

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.batch import write_atomic
+from engine.kvmemory import KV_TYPES
 from engine.policies import POLICIES
 
 SCHEMA_VERSION = 1
@@ -23,6 +24,7 @@ class Settings:
     threads: int = 0  # 0: one per physical core
     policy: str = "snapkv"
     budget_tokens: int = 1024
+    kv_type: str = "f16"  # the KV cache's type: f16, q8_0 or q4_0 (engine.kvmemory.KV_TYPES)
     # per policy, the parameters the user changed from the paper's defaults
     policy_params: dict[str, dict[str, int]] = field(default_factory=dict)
     max_tokens: int = 256
@@ -39,6 +41,8 @@ class Settings:
             out.policy = d.policy
         if out.budget_tokens < 64:
             out.budget_tokens = d.budget_tokens
+        if out.kv_type not in KV_TYPES:
+            out.kv_type = d.kv_type
         if out.theme not in ("system", "light", "dark"):
             out.theme = d.theme
         out.gpu_layers = max(0, out.gpu_layers)

@@ -1,5 +1,6 @@
 """The settings panel: model, GPU layers, threads, eviction policy and its
-parameters, system prompt and theme, each with a one-line explanation.
+parameters, KV cache type, system prompt and theme, each with a one-line
+explanation.
 
 It edits a ``Settings`` object in place and says so through two signals:
 ``changed`` (applies to the next message) and ``reload_requested`` (model,
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.kvmemory import KV_TYPES
 from engine.policies import POLICIES
 
 from .settings import Settings
@@ -51,6 +53,16 @@ PARAMS = {
     "recent": ("Recent window", "The newest tokens, always kept."),
     "window": ("Observation window", "The last tokens whose attention votes (SnapKV)."),
 }
+KV_TYPE_LABELS = {"f16": "f16 (default)", "q8_0": "q8_0", "q4_0": "q4_0"}
+KV_TYPE_HELP = (
+    "q8_0 halves K (and V for streaming/full) with a small quality cost; "
+    "policies that read attention keep V in f16."
+)
+KV_TYPE_TIP = (
+    "f16: full precision. q8_0: about half the bytes, a small quality cost. "
+    "q4_0: about a quarter, a larger cost. H2O, TOVA and SnapKV read attention "
+    "and keep V in f16; StreamingLLM and Off quantize V too (flash attention on)."
+)
 H2O_RECENT = "The newest tokens, always kept; 0 keeps half the budget (the paper's split)."
 
 
@@ -142,6 +154,13 @@ class SettingsPanel(QWidget):
         form.addRow(
             "KV budget", _explained(self.budget, "Tokens the cache keeps; memory is fixed by it.")
         )
+        self.kv_type = QComboBox()
+        for name in KV_TYPES:
+            self.kv_type.addItem(KV_TYPE_LABELS.get(name, name), name)
+        self.kv_type.setCurrentIndex(max(0, self.kv_type.findData(settings.kv_type)))
+        self.kv_type.setToolTip(KV_TYPE_TIP)
+        self.kv_type.currentIndexChanged.connect(self._edited)
+        form.addRow("KV cache type", _explained(self.kv_type, KV_TYPE_HELP))
         self.params: dict[str, QSpinBox] = {}
         self.param_hints: dict[str, QLabel] = {}
         for key, (label, hint) in PARAMS.items():
@@ -187,6 +206,10 @@ class SettingsPanel(QWidget):
         name = self.policy_name()
         values = {**policy_defaults(name), **self.settings.policy_params.get(name, {})}
         return tuple(sorted((k, v) for k, v in values.items() if k in policy_defaults(name)))
+
+    def kv_type_name(self) -> str:
+        """The KV cache type chosen: a key of ``engine.kvmemory.KV_TYPES``."""
+        return str(self.kv_type.currentData())
 
     def set_policy(self, name: str) -> None:
         self.policy.setCurrentIndex(self.policy.findData(name))
@@ -246,6 +269,7 @@ class SettingsPanel(QWidget):
         s = self.settings
         s.policy = self.policy_name()
         s.budget_tokens = self.budget.value()
+        s.kv_type = self.kv_type_name()
         s.system_prompt = self.system_prompt.toPlainText().strip()
         s.answer_prefix = self.answer_prefix.text().strip()
         s.theme = str(self.theme.currentData())

@@ -374,6 +374,7 @@ class MainWindow(QMainWindow):
                 temperature=max(s.temperature, REGENERATE_TEMPERATURE) if fresh else s.temperature,
                 seed=random.randrange(2**31) if fresh else None,
                 fresh=fresh,
+                kv_type=self.panel.kv_type_name(),
             )
         )
 
@@ -426,6 +427,8 @@ class MainWindow(QMainWindow):
                 f"{POLICY_LABELS.get(s.policy, s.policy)}, budget {s.budget_tokens:,} · "
                 f"{s.cells_used:,} of {s.tokens_seen:,} tokens in cache"
             )
+            if s.kv_type != "f16":
+                meta += f" · KV {s.kv_type}"
             text = f"{self.job_prefix} {event.text.strip()}".strip()
             if self.replacing is not None:
                 self.store.update_message(self.replacing, text, meta)
@@ -472,9 +475,11 @@ class MainWindow(QMainWindow):
 
     def _update_status(self) -> None:
         label = POLICY_LABELS.get(self.panel.policy_name(), self.panel.policy_name())
+        kv_type = self.panel.kv_type_name()
+        kv = f" · KV {kv_type}" if kv_type != "f16" else ""
         cpu = f" · {self.cpu_note}" if self.cpu_note else ""
         self.statusBar().showMessage(
-            f"{self.model_name} · {label} · budget {self.budget.value():,} tokens{cpu}"
+            f"{self.model_name} · {label} · budget {self.budget.value():,} tokens{kv}{cpu}"
         )
 
     def _show_documents(self) -> None:

@@ -49,6 +49,7 @@ class Job:
     temperature: float = 0.0
     seed: int | None = None
     fresh: bool = False  # read everything again (Regenerate)
+    kv_type: str = "f16"  # the KV cache's type (engine.kvmemory.KV_TYPES)
 
     def key(self) -> tuple[Any, ...]:
         """What a live session must match to be continued."""
@@ -56,6 +57,7 @@ class Job:
             self.conversation,
             self.policy,
             self.budget_tokens,
+            self.kv_type,
             self.policy_settings,
             self.system,
             self.document,
@@ -190,7 +192,9 @@ class EngineWorker(QObject):
             prefix = job.answer_prefix
             return chat.session, chat.session.follow_up(job.question, answer_prefix=prefix, **gen)
         self._drop_chat()
-        session = self._engine.session(job.policy, job.budget_tokens, **dict(job.policy_settings))
+        session = self._engine.session(
+            job.policy, job.budget_tokens, kv_type=job.kv_type, **dict(job.policy_settings)
+        )
         if job.kind == "summarize":
             return session, session.summarize(job.document, system=job.system, **gen)
         return session, session.ask(

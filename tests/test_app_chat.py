@@ -78,6 +78,24 @@ def test_follow_ups_continue_the_same_session(qtbot, tmp_path, engines):
     w.close()
 
 
+def test_a_changed_kv_type_reads_the_transcript_again(qtbot, tmp_path, engines):
+    w = _open(qtbot, tmp_path, engines)
+    assert w.panel.kv_type_name() == "f16" and "· KV" not in w.statusBar().currentMessage()
+    _ask(qtbot, w, "first?")
+    w.panel.kv_type.setCurrentIndex(w.panel.kv_type.findData("q8_0"))
+    assert load(tmp_path / "settings.json").kv_type == "q8_0"
+    assert w.statusBar().currentMessage().endswith("· KV q8_0")
+    _ask(qtbot, w, "second?")  # not a follow-up: the old cache is f16
+    assert len(engines.current.sessions) == 2 and engines.current.sessions[0].closed
+    assert [k["kv_type"] for k in engines.current.kwargs] == ["f16", "q8_0"]
+    assert engines.current.sessions[1].calls[0][0] == "ask"
+    assert "Question: first?\nAnswer: forty-two" in engines.current.sessions[1].calls[0][1]
+    _ask(qtbot, w, "third?")  # same type again: continues
+    assert len(engines.current.sessions) == 2
+    assert [c[0] for c in engines.current.sessions[1].calls] == ["ask", "follow_up"]
+    w.close()
+
+
 def test_regenerate_replaces_the_last_answer_and_copy(qtbot, tmp_path, engines):
     w = _open(qtbot, tmp_path, engines)
     _ask(qtbot, w, "what?")

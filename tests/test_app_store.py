@@ -76,7 +76,9 @@ def test_sigkill_while_writing_loses_no_sent_message(tmp_path):
 def test_settings_roundtrip_and_atomic_write(tmp_path):
     path = tmp_path / "cfg" / "settings.json"
     assert load(path) == Settings()
-    s = Settings(policy="h2o", budget_tokens=2048, theme="dark", system_prompt="Be brief.")
+    s = Settings(
+        policy="h2o", budget_tokens=2048, kv_type="q8_0", theme="dark", system_prompt="Be brief."
+    )
     save(s, path)
     assert load(path) == s
     assert json.loads(path.read_text())["schema"] == 1
@@ -94,3 +96,19 @@ def test_bad_settings_files_fall_back_to_defaults(tmp_path):
     assert s.policy == "snapkv" and s.budget_tokens == 1024 and s.theme == "dark"
     path.write_text(json.dumps({"schema": 99, "policy": "h2o"}))
     assert load(path) == Settings()
+
+
+def test_kv_type_setting_validated_and_old_files_load(tmp_path):
+    path = tmp_path / "settings.json"
+    for name in ("f16", "q8_0", "q4_0"):
+        save(Settings(kv_type=name), path)
+        assert load(path).kv_type == name
+    for bad in ("q2_k", 8, None):
+        path.write_text(json.dumps({"schema": 1, "kv_type": bad, "policy": "h2o"}))
+        s = load(path)
+        assert s.kv_type == "f16" and s.policy == "h2o"
+    assert Settings(kv_type="bf16").validated().kv_type == "f16"
+    # a file written before the setting existed: same schema, no key, the default
+    path.write_text(json.dumps({"schema": 1, "policy": "tova", "budget_tokens": 512}))
+    s = load(path)
+    assert (s.kv_type, s.policy, s.budget_tokens) == ("f16", "tova", 512)

@@ -1,15 +1,18 @@
 """The main window with a fake engine: documents, streaming answers, policy switch,
-errors that leave the app usable, graphs that receive samples, history on reopen."""
+errors that leave the app usable, graphs that receive samples, history on reopen;
+the KV graph's label against llama.cpp's default cache, from hand-made stats."""
 
 from __future__ import annotations
 
 import pytest
 from test_app_worker import FakeEngine
 
+from app.graphs import MemoryGraphs
 from app.settings import Settings
 from app.store import Store
 from app.window import MainWindow
 from app.worker import WorkerThread
+from engine.stats import KVStats
 
 
 class RecordingEngine(FakeEngine):
@@ -120,3 +123,53 @@ def test_settings_persist_and_sidebar_actions(qtbot, tmp_path):
     w.delete_chat()
     assert store.conversations() == [] and w.conversations.count() == 0
     w.close()
+
+
+def _kv(tokens_seen: int, cells_used: int, kv_type: str = "f16") -> KVStats:
+    """Gemma-3-270M-like figures: a 1024-token budget, 5 of 6 layers windowed (512)."""
+    return KVStats(
+        policy="snapkv",
+        budget_tokens=1024,
+        n_ctx=1280,
+        kv_bytes_per_cell=18432,
+        kv_bytes_per_cell_swa=15360,
+        n_swa=512,
+        swa_cells=768,
+        kv_type=kv_type,
+        tokens_seen=tokens_seen,
+        cells_used=cells_used,
+    )
+
+
+def test_kv_graph_states_the_saving_against_llama_cpp_default(qtbot):
+    g = MemoryGraphs()
+    qtbot.addWidget(g)
+    # held 1280 x 3 KiB + 768 x 15 KiB = 15 MB; llama.cpp's default for 10,000 tokens:
+    # 10,240 x 3 KiB + 1,024 x 15 KiB = 45 MB; every layer a cell per token: 175.8 MB
+    g.add(_kv(10_000, 1_024))
+    text = g.saving.text()
+    assert text.startswith("<b>Saving 30.0 MB</b>: the cache holds 15.0 MB")
+    assert "llama.cpp's default cache would hold 45.0 MB (3.0x)" in text
+    assert "every layer at full length: 175.8 MB" in text
+    assert "1,024 of 10,000 tokens kept." in text and "Cache type" not in text
+    assert text.index("llama.cpp") < text.index("full length")  # the honest baseline first
+    assert g.samples[-1][1:4] == (15.0, 45.0, 184_320_000 / 2**20)
+    assert [len(c.getData()[1]) for c in (g.kv_held, g.kv_default, g.kv_full)] == [1, 1, 1]
+    names = [label.text for _, label in g.kv_plot.getPlotItem().legend.items]
+    assert names == ["held", "llama.cpp default", "swa_full (every layer)"]
+
+
+def test_kv_graph_says_no_saving_when_the_cache_is_larger(qtbot):
+    g = MemoryGraphs()
+    qtbot.addWidget(g)
+    # 300 tokens: llama.cpp's default would allocate 512 cells in every layer, 9 MB
+    g.add(_kv(300, 300, kv_type="q8_0/f16"))
+    text = g.saving.text()
+    assert "Saving" not in text
+    assert text.startswith("<b>No saving yet</b>: the cache holds 15.0 MB for 300 tokens")
+    assert "llama.cpp's default would hold 9.0 MB" in text
+    assert "Cache type: K q8_0, V f16" in text
+    g.start()
+    assert not g.samples
+    g.add(_kv(0, 0))
+    assert "no tokens read yet" in g.saving.text()

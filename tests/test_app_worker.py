@@ -65,8 +65,10 @@ class FakeEngine:
         self.steps, self.delay, self.closed = steps, delay, False
 
         self.sessions: list[FakeSession] = []
+        self.kwargs: list[dict] = []  # the keyword arguments of each session() call
 
     def session(self, policy, budget, **settings):
+        self.kwargs.append(settings)
         self.sessions.append(FakeSession(self.steps, self.delay))
         return self.sessions[-1]
 
@@ -106,6 +108,21 @@ def test_events_arrive_on_the_gui_thread(qtbot, worker_thread):
         wt.requests.run.emit(JOB)
     assert [type(e).__name__ for e, _ in seen] == ["Progress"] * 3 + ["Token", "Done"]
     assert all(on_main for _, on_main in seen)
+
+
+def test_job_kv_type_reaches_engine_session(qtbot, worker_thread):
+    engine = FakeEngine()
+    wt = worker_thread(lambda path, layers, threads: engine)
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
+        wt.requests.load_model.emit(None, 0, None)
+    job = Job("ask", "a document", "q?", "snapkv", 256, 8, (("window", 16),), kv_type="q8_0")
+    assert job.key() != Job("ask", "a document", "q?", "snapkv", 256, 8, (("window", 16),)).key()
+    with qtbot.waitSignal(
+        wt.results.event, timeout=5000, check_params_cb=lambda e: isinstance(e, Done)
+    ):
+        wt.requests.run.emit(job)
+    assert engine.kwargs == [{"kv_type": "q8_0", "window": 16}]
+    assert JOB.kv_type == "f16"
 
 
 def test_cancel_stops_a_running_job(qtbot, worker_thread):
