@@ -10,10 +10,14 @@ the trained context. Its *cell* is where llama.cpp stored it (see cells.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ._context import NativeContext
 from .cells import EMPTY, CellMap
+
+MAX_WORD_TOKENS = 16  # a longer run (a URL, a hash, text without spaces) is cut here
 
 
 def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
@@ -35,6 +39,8 @@ class KVCache:
         self.cells = CellMap(ctx.n_ctx) if track_cells else None
         self.ids = np.zeros(0, dtype=np.int64)
         self.lpos = np.zeros(0, dtype=np.int64)
+        self.words = np.zeros(0, dtype=np.int64)  # id of the first token of each one's word
+        self._word, self._word_len, self._joins = 0, 0, False
         self.next_id = 0
         self.next_lpos = 0
         self.evicted = 0
@@ -45,12 +51,22 @@ class KVCache:
     def n_used(self) -> int:
         return len(self.ids)
 
-    def appended(self, n: int) -> None:
-        """Record ``n`` tokens just decoded at ``next_lpos...``."""
+    def appended(self, n: int, edges: Sequence[tuple[bool, bool]] | None = None) -> None:
+        """Record ``n`` tokens just decoded at ``next_lpos...``; ``edges``: for each,
+        whether its text starts and ends inside a word (see ``Model.word_edges``)."""
         new_ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         new_lpos = np.arange(self.next_lpos, self.next_lpos + n, dtype=np.int64)
+        words = new_ids.copy()
+        for i, (starts, ends) in enumerate(edges or ()):
+            if starts and self._joins and self._word_len < MAX_WORD_TOKENS:
+                self._word_len += 1
+            else:
+                self._word, self._word_len = int(new_ids[i]), 1
+            words[i] = self._word
+            self._joins = ends
         self.ids = np.concatenate((self.ids, new_ids))
         self.lpos = np.concatenate((self.lpos, new_lpos))
+        self.words = np.concatenate((self.words, words))
         self.next_id += n
         self.next_lpos += n
         self.shift_pending = False
@@ -71,6 +87,7 @@ class KVCache:
                 self.cells.remove(p0, p1)
         self.ids = self.ids[mask]
         self.lpos = self.lpos[mask]
+        self.words = self.words[mask]
         self.evicted += len(gone)
         return len(gone)
 

@@ -273,6 +273,7 @@ class Model:
         """``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
         None reads ``$KVTRIM_REPACK``."""
         self.cpu_path: CpuPath = resolve_repack(repack)
+        self._edges: dict[int, tuple[bool, bool]] = {}
         model_path = Path(path) if path is not None else default_model_path()
         check_gguf(model_path)
         params = llama_cpp.llama_model_default_params()
@@ -369,6 +370,16 @@ class Model:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
+
+    def word_edges(self, token: int) -> tuple[bool, bool]:
+        """Whether the token's text starts and ends with an ASCII letter or digit: a
+        token that starts so, after one that ends so, continues the same word."""
+        edges = self._edges.get(token)
+        if edges is None:
+            raw = self.piece(token)
+            edges = (bool(raw[:1].isalnum()), bool(raw[-1:].isalnum()))
+            self._edges[token] = edges
+        return edges
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._model.detokenize(tokens).decode("utf-8", "replace")

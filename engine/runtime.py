@@ -53,6 +53,7 @@ class Engine:
         batch_tokens: int = MAX_BATCH,
         swa_cache: str | None = None,
         kv_type: str | None = None,
+        whole_words: bool = True,
         **policy_settings: Any,
     ) -> Session:
         """A new session with its own cache; the model is not reloaded."""
@@ -69,6 +70,7 @@ class Engine:
             batch_tokens=batch_tokens,
             swa_cache=swa_cache or self.swa_cache,
             kv_type=kv_type or self.kv_type,
+            whole_words=whole_words,
         )
         return Session(self.model, policy, config)
 

@@ -50,7 +50,8 @@ class SessionConfig:
     ``swa_cache``: see ``kvmemory.SWA_CACHES``; the budget bounds the global layers,
     sliding-window layers keep window + batch cells (``window``) or a cell per held
     token (``full``). ``kv_type``: K cache type, and V's too where flash attention
-    runs (policies that read no attention).
+    runs (policies that read no attention). ``whole_words``: a word (a number's
+    digits) is kept or evicted whole (see ``policies.base.word_max``).
     """
 
     budget_tokens: int = 1024
@@ -63,6 +64,7 @@ class SessionConfig:
     batch_tokens: int = MAX_BATCH  # tokens per llama_decode call at most
     swa_cache: str = "window"
     kv_type: str = "f16"
+    whole_words: bool = True
 
     def __post_init__(self) -> None:
         if self.swa_cache not in SWA_CACHES:
@@ -494,16 +496,21 @@ class Session:
             self.stats.capture_s += got.seconds
             assert self.cache.cells is not None and got.visible is not None
             self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
-            self.cache.appended(n)
+            self.cache.appended(n, self._edges(tokens))
             if got.attn is not None:
                 self.policy.observe(self._observation(got.attn))
         else:
-            self.cache.appended(n)
+            self.cache.appended(n, self._edges(tokens))
         if every:
             self._rows = self.ctx.logits_rows(n)
             self._logits = self._rows[-1]
         elif logits:
             self._logits = self.ctx.last_logits()
+
+    def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool]] | None:
+        if not self.config.whole_words:
+            return None
+        return [self.model.word_edges(t) for t in tokens]
 
     def _observation(self, attn: np.ndarray) -> Observation:
         cols = self.cache.cell_columns()
@@ -542,7 +549,8 @@ class Session:
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
         self.policy.last_scored = None
-        keep = self.policy.keep(self.cache.ids, self.budget, query)
+        words = self.cache.words if self.config.whole_words else None
+        keep = self.policy.keep(self.cache.ids, self.budget, query, words)
         if self.policy.last_scored is not None:
             self.trace.score(*self.policy.last_scored)
         removed = self.cache.keep_only(keep)

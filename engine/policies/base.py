@@ -51,6 +51,21 @@ def max_pool(scores: np.ndarray, kernel: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, kernel).max(axis=1)
 
 
+def word_max(scores: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """Every token takes the best score of its word (``words``: one label per token).
+
+    kvtrim's addition to the papers' per-token scores: the model writes a number one
+    digit per token, and pooling over a fixed neighbourhood can keep "2005" of
+    "20057" (measured: a 16K-token document, SnapKV at budget 1,024 answered 2005).
+    """
+    if len(scores) == 0:
+        return scores
+    _, inverse = np.unique(words, return_inverse=True)
+    best = np.full(int(inverse.max()) + 1, -np.inf)
+    np.maximum.at(best, inverse, scores)
+    return best[inverse]
+
+
 @dataclass
 class Policy(ABC):
     """Base of every eviction policy: ``n_sink`` + ``recent`` always kept."""
@@ -96,8 +111,15 @@ class Policy(ABC):
         engine runs question-aware, else None.
         """
 
-    def keep(self, ids: np.ndarray, budget: int, query: Observation | None = None) -> np.ndarray:
-        """The ids to keep: at most ``budget`` of ``ids``."""
+    def keep(
+        self,
+        ids: np.ndarray,
+        budget: int,
+        query: Observation | None = None,
+        words: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The ids to keep: at most ``budget`` of ``ids``. ``words`` (the word each
+        held token belongs to, see ``word_max``) makes words kept or evicted whole."""
         n = len(ids)
         if n <= budget:
             return ids
@@ -112,6 +134,8 @@ class Policy(ABC):
             must[n - recent :] = True
         free = budget - int(must.sum())
         scores = np.asarray(self.score(ids, query), dtype=np.float64)
+        if words is not None and not self.recency_only:
+            scores = word_max(scores, words)
         self.last_scored = (ids, scores)
         candidates = np.flatnonzero(~must)
         # stable sort on -score: among equal scores the later token wins
