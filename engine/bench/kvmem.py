@@ -39,12 +39,13 @@ class KVMemConfig:
     quality_length: int = 4096
     quality_budget: int = 1024
     depths: int = 8
-    swa_policies: list[str] = field(default_factory=lambda: ["snapkv", "h2o"])
+    swa_policies: list[str] = field(default_factory=lambda: ["snapkv"])
     fidelity_policies: list[str] = field(
         default_factory=lambda: ["streaming", "h2o", "tova", "snapkv"]
     )
     kv_types: list[str] = field(default_factory=lambda: ["q8_0", "q4_0"])
-    kv_type_policies: list[str] = field(default_factory=lambda: ["snapkv", "full"])
+    kv_type_policies: list[str] = field(default_factory=lambda: ["snapkv"])
+    kv_type_fidelity: list[str] = field(default_factory=lambda: ["snapkv", "streaming"])
     continuation: int = 256
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     seed: int = 0
@@ -62,6 +63,7 @@ class KVMemConfig:
             fidelity_policies=["snapkv"],
             kv_types=["q8_0"],
             kv_type_policies=["snapkv"],
+            kv_type_fidelity=["snapkv"],
             continuation=32,
         )
 
@@ -193,9 +195,9 @@ def quality(
     if "kv_type" in cfg.parts:
         for kv_type in cfg.kv_types:
             label = {"part": "kv_type", "kv_type": kv_type}
+            for policy in cfg.kv_type_fidelity:
+                fidelity(policy, label, kv_type=kv_type)
             for policy in cfg.kv_type_policies:
-                if policy != "full":
-                    fidelity(policy, label, kv_type=kv_type)
                 _passkeys(engine, cfg, policy, emit, step, label, kv_type=kv_type)
 
 
