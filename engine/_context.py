@@ -181,7 +181,7 @@ class NativeContext:
         got = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, SEQ)
         if got == 0 and size:
             raise EngineError("llama.cpp could not save the sequence's cache")
-        return bytes(buf[:got])
+        return ctypes.string_at(buf, got)  # one copy (slicing would build a list of ints)
 
     def load_seq(self, data: bytes) -> None:
         """Put a saved sequence into this (empty) context: its cells land in cells

@@ -236,16 +236,18 @@ def test_switching_models_frees_memory():
 
 
 def test_a_cache_that_cannot_be_allocated_is_a_clear_message(tmp_path):
-    """Under a 1.5 GB address-space limit, a 24,000-token budget (30,208 cells, 531 MB of KV on
-    top of the model and libraries) cannot be allocated: one line that suggests a
-    smaller budget, no crash."""
+    """Under a 1.5 GB address-space limit, a 24,000-token budget with every layer at full
+    length (30,208 cells, 531 MB of KV on top of the model and libraries) cannot be
+    allocated: one line that suggests a smaller budget, no crash. The document is longer
+    than the budget, since a shorter one only gets the cells it needs."""
     doc = tmp_path / "d.txt"
-    doc.write_text(prose(30))
+    doc.write_text(prose(3000))
     code = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))\n"
         "from engine.cli import main\n"
-        f"sys.exit(main(['ask', {str(doc)!r}, '-q', 'Who?', '--budget', '24000']))\n"
+        f"sys.exit(main(['ask', {str(doc)!r}, '-q', 'Who?', '--budget', '24000', "
+        "'--swa-cache', 'full']))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
