@@ -415,7 +415,20 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
             f"trained context: {info.n_ctx_train}, sliding window: {info.n_swa or 'none'}\n"
         )
         out.write(f"global layers scored: {list(info.global_layers)}\n")
-        out.write(f"KV per token: {info.kv_bytes_per_cell() / 1024:.1f} KiB (f16)\n")
+        lay = info.kv_layout()
+        out.write(f"KV per token: {lay.cell_bytes / 1024:.1f} KiB (f16, every layer)")
+        if lay.swa_cell_bytes:
+            out.write(
+                f"; {lay.global_cell_bytes / 1024:.1f} KiB in {len(info.global_layers)} global "
+                f"layers, {lay.swa_cell_bytes / 1024:.1f} KiB in {info.n_swa_layers} "
+                f"sliding-window layers, which hold only window + batch cells"
+            )
+        out.write("\n")
+        for n in (8192, 32768):
+            out.write(
+                f"KV for {n:,} tokens: {lay.llama_default(n) / _MB:.1f} MB with llama.cpp's "
+                f"default cache, {lay.full(n) / _MB:.1f} MB with swa_full\n"
+            )
         out.write(f"process RSS: {sample.rss_bytes / _MB:.0f} MB\n")
         if sample.gpus:
             for g in sample.gpus:

@@ -179,6 +179,8 @@ def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
         if args.lengths is not None:
             cfg.lengths = args.lengths
+        if args.depths is not None:
+            cfg.depths = args.depths
         if args.parts is not None:
             bad = [p for p in args.parts if p not in kvmem.PARTS]
             if bad:

@@ -55,7 +55,7 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
             out.append(
                 (
                     f"{r['length']:,}-token real text, budget {r['budget']}: key found whole",
-                    f"{r['answer']!r} for {r['key']}",
+                    f"'{_cell(r['answer'])}' for {r['key']}",
                     bool(r["hit"]),
                 )
             )
