@@ -32,10 +32,11 @@ class _Lines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
 
-    def caches(self) -> list[tuple[float, int, int, str, str]]:
-        """(MiB, cells, layers, K type, V type) of every cache llama.cpp created."""
+    def caches(self, since: int = 0) -> list[tuple[float, int, int, str, str]]:
+        """(MiB, cells, layers, K type, V type) of every cache llama.cpp created
+        from log line ``since`` on."""
         out = []
-        for line in self.lines:
+        for line in self.lines[since:]:
             m = SIZE.search(line)
             if m:
                 out.append((float(m[1]), int(m[2]), int(m[3]), m[4], m[5]))
@@ -101,7 +102,7 @@ def test_session_bytes_are_what_llama_cpp_allocates(
     with engine.session(policy, 1024, swa_cache=swa_cache, kv_type=kv_type) as s:
         n = len(llama_lines.lines)
         s.prepare(5000)
-        caches = [c for c in _Lines.caches(_lines_after(llama_lines, n))]
+        caches = llama_lines.caches(since=n)
         st = s.stats
     assert len(caches) == 2
     (g_mib, g_cells, g_layers, gk, gv), (w_mib, w_cells, w_layers, wk, wv) = caches
@@ -113,12 +114,6 @@ def test_session_bytes_are_what_llama_cpp_allocates(
     assert st.kv_type == (kv_type if k == v else f"{k}/{v}")
     if swa_cache == "window" and kv_type == "f16":
         assert st.kv_bytes == 15 * MiB  # 3 x 1,280 + 15 x 768 cells of 1 KiB
-
-
-def _lines_after(handler: _Lines, n: int) -> _Lines:
-    out = _Lines()
-    out.lines = handler.lines[n:]
-    return out
 
 
 def test_a_short_document_holds_no_more_than_llama_cpp_would(engine):
