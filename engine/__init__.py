@@ -21,7 +21,7 @@ from .prompts import Prompt, ask_prompt, chat_prompt, summary_prompt
 from .runtime import Engine
 from .sampling import Sampling
 from .session import Session, SessionConfig
-from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
+from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
 
 __all__ = [
     "H2O",
@@ -46,6 +46,7 @@ __all__ = [
     "Policy",
     "Progress",
     "Prompt",
+    "Recalled",
     "Result",
     "Sampling",
     "Session",

@@ -105,6 +105,30 @@ def _render_messages(template: str, model: Model, messages: list[dict[str, str]]
     )
 
 
+_TAG = re.compile(r"\s*(<[^<>\s]{2,40}>)")
+
+
+def turn_stops(template: str, model: Model) -> tuple[str, ...]:
+    """The tag a template writes right after an assistant's message ("<end_of_turn>",
+    "<|im_end|>", "<|eot_id|>"), as a stop: a model that writes it as text, or as a
+    control token its GGUF does not list as end of generation, still stops there."""
+    mark = "\x00KVTRIM_ANSWER\x00"
+    try:
+        rendered, _ = _render_marked(
+            template,
+            model,
+            [
+                {"role": "user", "content": "?"},
+                {"role": "assistant", "content": mark},
+                {"role": "user", "content": "?"},
+            ],
+        )
+    except Exception:  # a template that cannot render a second turn has no stop to give
+        return ()
+    found = _TAG.match(rendered[rendered.find(mark) + len(mark) :])
+    return (found.group(1),) if found else ()
+
+
 def _split(
     model: Model,
     user_before: str,
@@ -124,7 +148,7 @@ def _split(
             prefix,
             document,
             suffix,
-            (),
+            turn_stops(template, model),
             add_bos,
             _cut(markup, 0, cut),
             _cut(markup, cut + len(_DOC), len(rendered)),
@@ -174,31 +198,56 @@ def summary_prompt(
     )
 
 
-def follow_up_prompt(model: Model, question: str, answer_prefix: str = "") -> Prompt:
+EXCERPT_INTRO = "From the document:"
+EXCERPT_GAP = "\n…\n"  # between two excerpts; the session inserts their tokens
+
+
+def follow_up_prompt(
+    model: Model, question: str, answer_prefix: str = "", *, excerpt: bool = False
+) -> Prompt:
     """The next turn of a chat, appended after the previous answer in the cache.
 
     With a chat template it is the text the template writes between the end of
-    an assistant message and the next generation prompt.
+    an assistant message and the next generation prompt. ``excerpt``: the user's
+    message starts with passages of the document that the session re-decodes
+    (recall.py) between ``prefix`` and ``suffix``; else ``prefix`` is empty.
     """
     question = question.strip()
     cue = f" {answer_prefix.strip()}" if answer_prefix.strip() else ""
     template = model.info.chat_template
+    intro = f"{EXCERPT_INTRO}\n" if excerpt else ""
+    outro = "\n\n" if excerpt else ""
     if not template:
-        turn = f"\n\nQuestion: {question}\nAnswer:{cue}"
-        return Prompt("", "", turn, ("\n\n", "\nQuestion:"), False)
+        before = f"\n\n{intro}"
+        turn = f"{outro if excerpt else before}Question: {question}\nAnswer:{cue}"
+        return Prompt(before if excerpt else "", "", turn, ("\n\n", "\nQuestion:"), False)
     mark = "\x00KVTRIM_ANSWER\x00"
+    user = f"{intro}{_DOC}{outro}{question}" if excerpt else question
     rendered, markup = _render_marked(
         template,
         model,
         [
             {"role": "user", "content": "?"},
             {"role": "assistant", "content": mark},
-            {"role": "user", "content": question},
+            {"role": "user", "content": user},
         ],
     )
     cut = rendered.find(mark) + len(mark)
-    turn = rendered[cut:] + cue
-    return Prompt("", "", turn, (), False, (), _cut(markup, cut, len(rendered)))
+    stops = turn_stops(template, model)
+    if not excerpt:
+        turn = rendered[cut:] + cue
+        return Prompt("", "", turn, stops, False, (), _cut(markup, cut, len(rendered)))
+    doc = rendered.find(_DOC)
+    end = len(rendered)
+    return Prompt(
+        rendered[cut:doc],
+        "",
+        rendered[doc + len(_DOC) :] + cue,
+        stops,
+        False,
+        _cut(markup, cut, doc),
+        _cut(markup, doc + len(_DOC), end),
+    )
 
 
 def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
@@ -221,7 +270,8 @@ def chat_prompt(model: Model, messages: list[dict[str, str]]) -> Prompt:
         question = last.strip() if _trims(template) else last
         tail = _cut(markup, cut + len(mark), len(rendered))
         tail = tuple((a + len(question), b + len(question)) for a, b in tail)
-        return Prompt(before, "", question + after, (), add_bos, _cut(markup, 0, cut), tail)
+        stops = turn_stops(template, model)
+        return Prompt(before, "", question + after, stops, add_bos, _cut(markup, 0, cut), tail)
     parts: list[str] = []
     for m in messages[:-1]:
         role, content = m.get("role"), m.get("content", "").strip()

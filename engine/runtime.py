@@ -54,6 +54,7 @@ class Engine:
         swa_cache: str | None = None,
         kv_type: str | None = None,
         whole_words: bool = True,
+        recall_tokens: int | None = None,
         **policy_settings: Any,
     ) -> Session:
         """A new session with its own cache; the model is not reloaded."""
@@ -71,6 +72,7 @@ class Engine:
             swa_cache=swa_cache or self.swa_cache,
             kv_type=kv_type or self.kv_type,
             whole_words=whole_words,
+            recall_tokens=recall_tokens,
         )
         return Session(self.model, policy, config)
 

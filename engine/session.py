@@ -25,9 +25,10 @@ from .kvcache import KVCache
 from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
-from .prompts import Prompt, ask_prompt, follow_up_prompt, summary_prompt
+from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
+from .recall import Excerpt, Recall
 from .sampling import Sampler, Sampling, StopMatcher
-from .stats import Done, Event, Evicted, KVStats, Progress, Result, Token
+from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
 from .trace import MemoryMap, TokenTrace
 
 MIN_CHUNK = 16
@@ -52,6 +53,8 @@ class SessionConfig:
     token (``full``). ``kv_type``: K cache type, and V's too where flash attention
     runs (policies that read no attention). ``whole_words``: a word (a number's
     digits) is kept or evicted whole (see ``policies.base.word_max``).
+    ``recall_tokens``: how many evicted document tokens a follow-up question may
+    bring back (see ``Session.follow_up``); None: a chunk, 0: none.
     """
 
     budget_tokens: int = 1024
@@ -65,6 +68,7 @@ class SessionConfig:
     swa_cache: str = "window"
     kv_type: str = "f16"
     whole_words: bool = True
+    recall_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.swa_cache not in SWA_CACHES:
@@ -77,9 +81,15 @@ class SessionConfig:
             raise ConfigError("flash_attn must be auto, on or off")
         if self.positions not in POSITION_MODES:
             raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
+        if self.recall_tokens is not None and self.recall_tokens < 0:
+            raise ConfigError("recall_tokens must be >= 0")
 
     def chunk(self) -> int:
         return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
+
+    def recall(self) -> int:
+        """Document tokens a follow-up may bring back (see recall.py); default: a chunk."""
+        return self.chunk() if self.recall_tokens is None else self.recall_tokens
 
 
 def default_threads() -> int:
@@ -162,6 +172,10 @@ class Session:
         self._logits: np.ndarray | None = None
         self._rows: np.ndarray | None = None
         self._t0 = time.perf_counter()
+        self._document: tuple[int, list[int]] | None = None  # first id, tokens
+        self._recall: Recall | None = None
+        self._recall_ids = np.zeros(0, dtype=np.int64)  # excerpt ids in the cache
+        self._recall_src = np.zeros(0, dtype=np.int64)  # the document ids they copy
 
     # -- public API -------------------------------------------------------
 
@@ -184,6 +198,9 @@ class Session:
         self.stats = self._new_stats()
         self.trace = self._new_trace()
         self._logits = None
+        self._document = None
+        self._recall = None
+        self._recall_ids = self._recall_src = np.zeros(0, dtype=np.int64)
 
     def ask(
         self,
@@ -215,16 +232,40 @@ class Session:
 
         The cache keeps what earlier turns left in it, so a chat goes on past the
         budget; the question is the observation window of any eviction it needs.
+        When the first read evicted document text, the windows of it that best
+        match the question (BM25, see recall.py) are re-decoded inside the turn,
+        up to ``recall_tokens``; the previous turn's excerpt is dropped first, and
+        the held text is trimmed (the question voting) so the turn and the answer
+        fit the cache without growing it.
         """
         if self._logits is None:
             raise ConfigError("nothing to follow up: ask or summarize first")
         self.ctx.cancel_event.clear()
         self._t0 = time.perf_counter()
         self.stats.first_token_s = None
-        prompt = follow_up_prompt(self.model, question, answer_prefix)
-        turn = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
-        self.trace.add("turn", prompt.suffix, turn)
-        yield from self.feed(turn, observe=turn, logits=True)
+        self.stats.recalled_tokens = 0
+        self._drop_recall()
+        plain = follow_up_prompt(self.model, question, answer_prefix)
+        tail = self.model.tokenize(plain.suffix, markup=plain.suffix_markup)
+        excerpts, prompt = [], plain
+        room = self._recall_room(len(tail), max_tokens)
+        if room > 0:
+            excerpts = self._pick(question, tail, room + len(tail), max_tokens)
+        if excerpts:
+            prompt = follow_up_prompt(self.model, question, answer_prefix, excerpt=True)
+        head = self.model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
+        tail = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+        body, src, text = self._excerpt_tokens(excerpts)
+        self.trace.add("turn", prompt.prefix, head)
+        first = self.trace.n_ids
+        self.trace.add("recalled", text, body)
+        self.trace.add("turn", prompt.suffix, tail)
+        if body:
+            self._recall_ids = np.arange(first, first + len(body), dtype=np.int64)
+            self._recall_src = src
+            self.stats.recalled_tokens = int((src >= 0).sum())
+            yield Recalled(tuple(self._excerpt_texts(excerpts)), len(body), self.stats)
+        yield from self.feed(head + body + tail, observe=tail, logits=True)
         yield from self.generate(
             max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
         )
@@ -279,6 +320,8 @@ class Session:
         self._reserve(len(head) + len(tail) + max_tokens, shrink=True)
         self._t0 = time.perf_counter()
         for name, text, tokens in sources or [("prompt", None, head), ("question", None, tail)]:
+            if name == "document" and tokens:
+                self._document = (self.trace.n_ids, list(tokens))
             self.trace.add(name, text, tokens)
         yield from self.feed(head, observe=tail, logits=False)
         yield from self.feed(tail, logits=True)
@@ -356,6 +399,7 @@ class Session:
         self._reserve(max_tokens)
         sample = Sampler(sampling)
         matcher = StopMatcher(stops)
+        stop_tags = set(stops)
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         start, base = time.perf_counter(), self.stats.decode_s
         reason = "length"
@@ -367,6 +411,9 @@ class Session:
                     self.stats.first_token_s = time.perf_counter() - self._t0
                 if self.model.is_eog(token):
                     reason = "eog"
+                    break
+                if stop_tags and self._is_stop_tag(token, stop_tags):
+                    reason = "stop"
                     break
                 if self.cache.n_used >= self.capacity:
                     yield from self._evict([])
@@ -387,6 +434,13 @@ class Session:
             yield Token(-1, tail, self.stats)
         yield Done(matcher.text, reason, self.stats)
 
+    def _is_stop_tag(self, token: int, tags: set[str]) -> bool:
+        """A control token whose text is a stop (a turn end the GGUF does not list
+        as end of generation: see ``prompts.turn_stops``)."""
+        if self.model.piece(token):
+            return False  # plain text: the stop matcher sees it
+        return self.model.piece(token, special=True).decode("utf-8", "replace") in tags
+
     def memory_map(self) -> MemoryMap:
         """What the cache holds now, mapped to the source text (see trace.py).
 
@@ -397,6 +451,8 @@ class Session:
         recent = self.policy.recent_for(self.budget) if self.policy.evicts else 0
         if self.policy.recency_only:
             recent = len(held) - n_sink
+        copies = np.isin(self._recall_ids, held)
+        src = self._recall_src[copies]
         return self.trace.snapshot(
             held,
             self.cache.next_id,
@@ -404,6 +460,7 @@ class Session:
             min(recent, len(held) - n_sink),
             self.policy.name,
             self.budget,
+            recalled=src[src >= 0],
         )
 
     def close(self) -> None:
@@ -457,6 +514,69 @@ class Session:
         old.close()
         self.stats.n_ctx = new.n_ctx
         self.stats.swa_cells = new.swa_cells
+
+    def _drop_recall(self) -> None:
+        """Remove the previous turn's excerpt from the cache (its answer stays)."""
+        gone = self._recall_ids
+        self._recall_ids = self._recall_src = np.zeros(0, dtype=np.int64)
+        held = np.isin(self.cache.ids, gone)
+        if not held.any():
+            return
+        removed = self.cache.keep_only(self.cache.ids[~held])
+        self.cache.evicted -= removed  # not an eviction: the copy is dropped
+        if self.config.positions == "compact":
+            self.cache.compact()
+        self._sync_stats()
+
+    def _recall_room(self, n_turn: int, max_tokens: int) -> int:
+        """Excerpt tokens this turn can hold: ``recall_tokens``, less what the held
+        text cannot give up (half the budget stays for the first read's memory)."""
+        if not self.policy.evicts or self._document is None or not self.cache.evicted:
+            return 0
+        spare = self.capacity - n_turn - max_tokens - self.budget // 2 - 8
+        return max(0, min(self.config.recall(), spare))
+
+    def _pick(self, question: str, tail: list[int], room: int, max_tokens: int) -> list[Excerpt]:
+        """Make room for ``room`` turn tokens and the answer (evicting with the
+        question voting), then choose the excerpts that fit."""
+        assert self._document is not None
+        first, tokens = self._document
+        if self._recall is None:
+            self._recall = Recall(tokens, self.model.piece)
+            self.stats.recall_host_bytes = self._recall.host_bytes
+        target = self.capacity - room - max_tokens - 8
+        if self.cache.n_used > target:
+            window = tail if self._question_aware() else []
+            for _ in self._evict(window, target=target):
+                pass
+        ids = np.arange(first, first + len(tokens), dtype=np.int64)
+        held = np.isin(ids, self.cache.ids)
+        gaps = len(self.model.tokenize(EXCERPT_GAP)) + 1
+        return self._recall.pick(question, held, max(0, room - len(tail) - 4 * gaps))
+
+    def _excerpt_tokens(self, excerpts: list[Excerpt]) -> tuple[list[int], np.ndarray, str]:
+        """The excerpts' tokens joined by ``EXCERPT_GAP``, the document id each copies
+        (-1 for the gaps), and their text for the memory map."""
+        if not excerpts:
+            return [], np.zeros(0, dtype=np.int64), ""
+        assert self._document is not None
+        first, tokens = self._document
+        gap = self.model.tokenize(EXCERPT_GAP)
+        body: list[int] = []
+        src: list[int] = []
+        for i, e in enumerate(excerpts):
+            if i:
+                body += gap
+                src += [-1] * len(gap)
+            body += tokens[e.start : e.stop]
+            src += range(first + e.start, first + e.stop)
+        text = EXCERPT_GAP.join(self._excerpt_texts(excerpts))
+        return body, np.asarray(src, dtype=np.int64), text
+
+    def _excerpt_texts(self, excerpts: list[Excerpt]) -> list[str]:
+        assert self._document is not None
+        _, tokens = self._document
+        return [self.model.detokenize(tokens[e.start : e.stop]) for e in excerpts]
 
     def _apply_shifts(self) -> None:
         """llama.cpp applies position shifts at the next decode and does not save them:
@@ -540,7 +660,9 @@ class Session:
         attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
         return self._observation(attn)
 
-    def _evict(self, window: list[int]) -> Iterator[Event]:
+    def _evict(self, window: list[int], target: int | None = None) -> Iterator[Event]:
+        """Trim the cache to ``target`` tokens (default: the budget), ``window`` (the
+        question's tokens) voting where the policy reads attention."""
         if not self.policy.evicts:
             raise ContextOverflowError(
                 f"the input does not fit the {self.capacity}-token budget and policy 'full' "
@@ -550,7 +672,7 @@ class Session:
         query = self._observe_question(window) if window else None
         self.policy.last_scored = None
         words = self.cache.words if self.config.whole_words else None
-        keep = self.policy.keep(self.cache.ids, self.budget, query, words)
+        keep = self.policy.keep(self.cache.ids, target or self.budget, query, words)
         if self.policy.last_scored is not None:
             self.trace.score(*self.policy.last_scored)
         removed = self.cache.keep_only(keep)

@@ -44,6 +44,8 @@ class KVStats:
     capture_s: float = 0.0
     score_s: float = 0.0
     first_token_s: float | None = None
+    recalled_tokens: int = 0  # document tokens re-decoded for the latest follow-up
+    recall_host_bytes: int = 0  # host RAM of the recall index (document ids, BM25)
 
     @property
     def layout(self) -> KVLayout:
@@ -125,6 +127,16 @@ class Evicted:
 
 
 @dataclass(frozen=True)
+class Recalled:
+    """A follow-up brought back ``excerpts`` of the document (their text), ``tokens``
+    tokens in all, re-decoded before the question (see recall.py)."""
+
+    excerpts: tuple[str, ...]
+    tokens: int
+    stats: KVStats
+
+
+@dataclass(frozen=True)
 class Token:
     """One generated token and the text it completed (may be empty mid-character)."""
 
@@ -142,7 +154,7 @@ class Done:
     stats: KVStats
 
 
-Event = Progress | Evicted | Token | Done
+Event = Progress | Evicted | Recalled | Token | Done
 
 
 @dataclass

@@ -19,15 +19,17 @@ import numpy as np
 # roles of a token in a MemoryMap
 UNREAD, EVICTED, SCORED, SINK, RECENT = 0, 1, 2, 3, 4
 TOP, HEADING = 5, 6  # display roles: among the strongest scores; a segment heading
+RECALLED = 7  # evicted, and a copy re-decoded for the latest follow-up (recall.py)
 TOP_SHARE = 0.1  # the top tenth of kept-by-score tokens count as the strongest
-SEGMENT_TITLES = {"turn": "your message"}
-KEPT_ROLES = (SCORED, SINK, RECENT, TOP)  # roles of characters the cache still holds
+SEGMENT_TITLES = {"turn": "your message", "recalled": "brought back for your question"}
+KEPT_ROLES = (SCORED, SINK, RECENT, TOP, RECALLED)  # roles of characters the cache holds
 ROLE_NAMES = {
     UNREAD: "unread",
     EVICTED: "evicted",
     SCORED: "kept by score",
     SINK: "sink",
     RECENT: "recent",
+    RECALLED: "brought back",
 }
 
 
@@ -186,17 +188,28 @@ class TokenTrace:
             self.scores = grown
 
     def snapshot(
-        self, held: np.ndarray, next_id: int, n_sink: int, recent: int, policy: str, budget: int
+        self,
+        held: np.ndarray,
+        next_id: int,
+        n_sink: int,
+        recent: int,
+        policy: str,
+        budget: int,
+        recalled: np.ndarray | None = None,
     ) -> MemoryMap:
         """Roles from the held ids (sorted): the first ``n_sink`` are sinks, the newest
         ``recent`` the recent window, other held ids were kept by score; ids below
-        ``next_id`` not held were evicted, ids from ``next_id`` on are unread."""
+        ``next_id`` not held were evicted, ids from ``next_id`` on are unread.
+        ``recalled``: evicted ids whose copy the cache holds (a follow-up's excerpt)."""
         role = np.full(max(self.n_ids, next_id), UNREAD, dtype=np.uint8)
         role[:next_id] = EVICTED
         role[held] = SCORED
         role[held[:n_sink]] = SINK
         if recent:
             role[held[-recent:]] = RECENT
+        if recalled is not None and len(recalled):
+            back = recalled[role[recalled] == EVICTED]
+            role[back] = RECALLED
         roles, scores = [], []
         for seg in self.segments:
             ids = slice(seg.first_id, seg.first_id + seg.n_tokens)

@@ -1,0 +1,176 @@
+"""A conversation about one long document: a summary first, then questions.
+
+The app's main path (drop a document, read its summary, ask about details) as a
+benchmark task, in the setting SCBench calls shared context, multi-turn: the
+document is read once and every turn reuses its cache, and each turn's answer
+is scored on its own. Four facts (a number, a code, a name, a room number) are
+planted at depths 0.2, 0.4, 0.6 and 0.8 of real text; the summary steers the
+first compression, the questions then ask for each fact.
+
+Modes: ``followup`` (the cache after the summary, with what recall.py brings
+back), ``memory`` (the same without recall: what kvtrim did before), ``reread``
+(a fresh question-aware read of the whole document per question), and the
+full cache (policy ``full``). Units: seconds, bytes, cells.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..monitor import MemoryMonitor
+from ..runtime import Engine
+from ..stats import Done, Recalled
+from .tasks import _drain, real_text
+
+DEPTHS = (0.2, 0.4, 0.6, 0.8)
+MODES = ("followup", "memory", "reread")
+NAMES = ("Mirela Vasquez", "Tomasz Okafor", "Ingrid Halvorsen", "Dmitri Castellano")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A sentence planted in the document and the question that asks for it."""
+
+    sentence: str
+    question: str
+    answer_prefix: str
+    value: str
+
+    def hit(self, answer: str) -> bool:
+        return self.value.lower() in answer.lower()
+
+
+def facts_for(seed: int) -> list[Fact]:
+    """Four facts with values drawn from ``seed`` (one per depth, in this order)."""
+    rng = random.Random(f"multiturn-{seed}")
+    number = str(rng.randint(10000, 99999))
+    code = f"{rng.choice('BCDFGHKLMNPRSTVXZ')}{rng.choice('AEIOU')}{rng.randint(100, 999)}"
+    name = rng.choice(NAMES)
+    room = str(rng.randint(100, 899))
+    return [
+        Fact(
+            f"The pass key is {number}. Remember it. {number} is the pass key. ",
+            "What is the pass key?",
+            "The pass key is",
+            number,
+        ),
+        Fact(
+            f"The access code for the archive is {code}. ",
+            "What is the access code for the archive?",
+            "The access code for the archive is",
+            code,
+        ),
+        Fact(
+            f"The lighthouse keeper is called {name}. ",
+            "What is the lighthouse keeper called?",
+            "The lighthouse keeper is called",
+            name,
+        ),
+        Fact(
+            f"The budget meeting takes place in room {room}. ",
+            "In which room does the budget meeting take place?",
+            "The budget meeting takes place in room",
+            room,
+        ),
+    ]
+
+
+def document(engine: Engine, n_tokens: int, facts: list[Fact], offset: int) -> str:
+    """About ``n_tokens`` tokens of real text with each fact at its depth (at a
+    paragraph or sentence boundary)."""
+    text = real_text(engine, n_tokens - 30 * len(facts), offset)
+    cuts = []
+    for depth in DEPTHS[: len(facts)]:
+        cut = int(len(text) * depth)
+        boundary = max(text.rfind("\n\n", 0, cut), text.rfind(". ", 0, cut))
+        cuts.append(boundary + 2 if boundary > 0 else cut)
+    out, at = [], 0
+    for cut, fact in zip(cuts, facts, strict=True):
+        out += [text[at:cut], fact.sentence]
+        at = cut
+    return "".join([*out, text[at:]])
+
+
+def _turn(events: Any, monitor: MemoryMonitor) -> tuple[Done, float, int]:
+    start = time.perf_counter()
+    recalled = 0
+    done = None
+    for event in events:
+        monitor.sample()
+        if isinstance(event, Recalled):
+            recalled = event.tokens
+        if isinstance(event, Done):
+            done = event
+    assert done is not None
+    return done, time.perf_counter() - start, recalled
+
+
+def conversation(
+    engine: Engine,
+    policy: str,
+    budget: int,
+    mode: str,
+    doc: str,
+    facts: list[Fact],
+    *,
+    summary_tokens: int = 64,
+    answer_tokens: int = 12,
+) -> dict[str, Any]:
+    """One conversation (summary, then one question per fact) as a record with a
+    hit and a time per question. ``mode``: see the module docstring."""
+    monitor = MemoryMonitor()
+    recall = None if mode == "followup" else 0
+    size = budget if policy != "full" else len(engine.model.tokenize(doc)) + 256
+    answers: list[dict[str, Any]] = []
+    with engine.session(policy, size, recall_tokens=recall) as s:
+        start = time.perf_counter()
+        summary = _drain(s.summarize(doc, max_tokens=summary_tokens), monitor)
+        summary_s = time.perf_counter() - start
+        peak = s.stats.cells_peak
+        for fact in facts:
+            if mode == "reread":
+                events = s.ask(
+                    doc, fact.question, answer_prefix=fact.answer_prefix, max_tokens=answer_tokens
+                )
+            else:
+                events = s.follow_up(
+                    fact.question, answer_prefix=fact.answer_prefix, max_tokens=answer_tokens
+                )
+            done, seconds, recalled = _turn(events, monitor)
+            peak = max(peak, s.stats.cells_peak)
+            answers.append(
+                {
+                    "question": fact.question,
+                    "value": fact.value,
+                    "answer": done.text.strip()[:60],
+                    "hit": fact.hit(done.text),
+                    "seconds": seconds,
+                    "recalled_tokens": recalled,
+                }
+            )
+        stats = s.stats
+    monitor.close()
+    times = [a["seconds"] for a in answers]
+    return {
+        "task": "multiturn",
+        "policy": policy,
+        "budget_tokens": budget,
+        "mode": mode if policy != "full" else "full",
+        "doc_tokens": stats.tokens_seen if mode != "reread" else None,
+        "summary": summary.text.strip()[:200],
+        "summary_s": summary_s,
+        "hits": sum(a["hit"] for a in answers),
+        "questions": len(answers),
+        "followup_s_median": statistics.median(times),
+        "followup_s": times,
+        "answers": answers,
+        "kv_cells_allocated": stats.n_ctx,
+        "kv_cells_peak": peak,
+        "kv_bytes": stats.kv_bytes,
+        "recall_host_bytes": stats.recall_host_bytes,
+        "rss_peak_bytes": monitor.rss_peak_bytes,
+    }
