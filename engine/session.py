@@ -265,10 +265,21 @@ class Session:
             self._recall_src = src
             self.stats.recalled_tokens = int((src >= 0).sum())
             yield Recalled(tuple(self._excerpt_texts(excerpts)), len(body), self.stats)
-        yield from self.feed(head + body + tail, observe=tail, logits=True)
+        turn_id = self.cache.next_id
+        try:
+            yield from self.feed(head + body + tail, observe=tail, logits=True)
+        except BaseException:
+            self._roll_back(turn_id)
+            raise
         yield from self.generate(
             max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
         )
+
+    @property
+    def can_follow_up(self) -> bool:
+        """Whether a turn ended here (an answer, whole or stopped), so ``follow_up``
+        can continue; False before the first read ends or after it was cancelled."""
+        return self._logits is not None
 
     def run(
         self,
@@ -514,6 +525,19 @@ class Session:
         old.close()
         self.stats.n_ctx = new.n_ctx
         self.stats.swa_cells = new.swa_cells
+
+    def _roll_back(self, turn_id: int) -> None:
+        """Undo a turn stopped while it was read (cancel, error): its tokens leave
+        the cache, which ends again at the last answer, whose logits are kept."""
+        self.cache.drop_scratch()
+        later = self.cache.ids >= turn_id
+        if later.any():
+            removed = self.cache.keep_only(self.cache.ids[~later])
+            self.cache.evicted -= removed
+            if self.config.positions == "compact":
+                self.cache.compact()
+        self._recall_ids = self._recall_src = np.zeros(0, dtype=np.int64)
+        self._sync_stats()
 
     def _drop_recall(self) -> None:
         """Remove the previous turn's excerpt from the cache (its answer stays)."""
