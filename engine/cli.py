@@ -25,6 +25,8 @@ from .bench import cli as bench_cli
 from .cpu import system_info
 from .documents import SUFFIXES, load_document
 from .errors import Cancelled, ConfigError, DocumentError, KvtrimError
+from .models_cli import add_parser as add_models_parser
+from .models_cli import main as models_main
 from .monitor import MemoryMonitor
 from .policies import POLICIES, make_policy
 from .runtime import Engine
@@ -177,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
     _model_options(info)
+    add_models_parser(sub)
     return parser
 
 
@@ -472,6 +475,8 @@ def main(
     try:
         if args.command == "info":
             return _info(args, out)
+        if args.command == "models":
+            return models_main(args, out, err)
         if args.command == "bench":
             return bench_cli.main(args, out, err)
         if args.command == "serve":
