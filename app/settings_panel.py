@@ -1,4 +1,5 @@
-"""The settings panel: model, GPU layers, threads, eviction policy and its
+"""The settings panel: model (a file, the embedded default, or one that LM Studio,
+Ollama or Hugging Face already downloaded), GPU layers, threads, eviction policy and its
 parameters, KV cache type, system prompt and theme, each with a one-line
 explanation.
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -29,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.finder import FoundModel, find_models, format_size
 from engine.kvmemory import KV_TYPES
 from engine.policies import POLICIES
 
@@ -94,9 +98,17 @@ class SettingsPanel(QWidget):
     changed = Signal()
     reload_requested = Signal(object, int, object)  # model path or None, gpu layers, threads
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        parent: QWidget | None = None,
+        find: Callable[[], list[FoundModel]] = find_models,
+    ) -> None:
         super().__init__(parent)
         self.settings = settings
+        self._find = find
+        self.found: list[FoundModel] = []
+        self._scanned = False  # the first look happens when the panel is first shown
         outer = QVBoxLayout(self)
         groups = {name: QGroupBox(name) for name in ("Model", "Eviction", "Chat")}
         for group in groups.values():
@@ -115,6 +127,25 @@ class SettingsPanel(QWidget):
         row.addWidget(choose)
         row.addWidget(default)
         form.addRow(row)
+        self.found_models = QComboBox()
+        self.found_models.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.found_models.setMinimumContentsLength(16)
+        self.found_models.activated.connect(self._choose_found)
+        self.refresh_models_button = QPushButton("Refresh")
+        self.refresh_models_button.setToolTip("Look again for downloaded models")
+        self.refresh_models_button.clicked.connect(self.refresh_models)
+        found_row = QWidget()
+        found_layout = QHBoxLayout(found_row)
+        found_layout.setContentsMargins(0, 0, 0, 0)
+        found_layout.addWidget(self.found_models, 1)
+        found_layout.addWidget(self.refresh_models_button)
+        form.addRow(
+            "On this computer",
+            _explained(found_row, "GGUF models LM Studio, Ollama and Hugging Face downloaded."),
+        )
+        self._show_found()
         self.gpu_layers = QSpinBox()
         self.gpu_layers.setRange(0, 999)
         self.gpu_layers.setValue(settings.gpu_layers)
@@ -129,6 +160,7 @@ class SettingsPanel(QWidget):
         self.reload_button.setEnabled(False)
         self.reload_button.clicked.connect(self._reload)
         form.addRow(self.reload_button)
+        self.model_path.textChanged.connect(self._select_found)
         for signal in (
             self.model_path.textChanged,
             self.gpu_layers.valueChanged,
@@ -213,6 +245,57 @@ class SettingsPanel(QWidget):
 
     def set_policy(self, name: str) -> None:
         self.policy.setCurrentIndex(self.policy.findData(name))
+
+    # -- models found on this computer -------------------------------------
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """The first time the panel opens, look for downloaded models."""
+        super().showEvent(event)
+        if not self._scanned:
+            self.refresh_models()
+
+    def refresh_models(self) -> None:
+        """Look again (bounded file-system work: at most a few seconds on a slow disk)."""
+        self._scanned = True
+        QGuiApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            self.found = self._find()
+        finally:
+            QGuiApplication.restoreOverrideCursor()
+        self._show_found()
+
+    def _show_found(self) -> None:
+        combo = self.found_models
+        combo.blockSignals(True)
+        combo.clear()
+        if not self._scanned:
+            combo.addItem("Not looked yet", None)
+        elif not self.found:
+            combo.addItem("None found (LM Studio, Ollama, Hugging Face)", None)
+        else:
+            n = len(self.found)
+            combo.addItem(f"Choose one of {n} model{'s' if n > 1 else ''}…", None)
+        for m in self.found:
+            combo.addItem(f"{m.name} · {m.source} · {format_size(m.size_bytes)}", str(m.path))
+            combo.setItemData(combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
+        combo.blockSignals(False)
+        self._select_found()
+
+    def _select_found(self) -> None:
+        """Show the loaded model in the list when it is one of those found."""
+        index = self.found_models.findData(self.model_path.text()) if self.found else -1
+        self.found_models.blockSignals(True)
+        self.found_models.setCurrentIndex(max(0, index))
+        self.found_models.blockSignals(False)
+
+    def _choose_found(self, index: int) -> None:
+        """A found model chosen: it becomes the model path and loads at once."""
+        path = self.found_models.itemData(index)
+        if not path:
+            return
+        self.model_path.setText(str(path))
+        if self.reload_button.isEnabled():
+            self._reload()
 
     # -- edits ------------------------------------------------------------
 

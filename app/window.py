@@ -464,6 +464,7 @@ class MainWindow(QMainWindow):
             self.summarize_button,
             self.regenerate_button,
             self.panel.reload_button,
+            self.panel.found_models,
             self.delete_button,
         ):
             b.setEnabled(not busy)
