@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from . import _argtypes as types
+from . import chat_cli
 from .bench import cli as bench_cli
 from .cpu import system_info
 from .documents import SUFFIXES, load_document
@@ -175,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--question", "-q", required=True)
     summ = sub.add_parser("summarize", help="summarize a document, or many into --out")
     _common(summ, many=True)
+    chat = sub.add_parser("chat", help="chat about a document in the terminal (or JSON lines)")
+    _common(chat)
+    chat_cli.add_options(chat)
     bench_cli.add_parser(sub)
     serve_cli.add_parser(sub)
     info = sub.add_parser("info", help="show the model and the memory monitor")
@@ -197,7 +201,7 @@ def check_settings(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"KVTRIM_REPACK must be one of {', '.join(REPACK_MODES)}, got {args.repack!r}"
         )
-    if args.command not in ("ask", "summarize"):
+    if args.command not in ("ask", "summarize", "chat"):
         return
     policy = make_policy(args.policy)
     protected = policy.protected(args.budget)
@@ -481,6 +485,8 @@ def main(
             return bench_cli.main(args, out, err)
         if args.command == "serve":
             return serve_cli.main(args, out, err)
+        if args.command == "chat":
+            return chat_cli.main(args, out, err)
         return _run(args, out, err)
     except Cancelled:
         err.write("\nkvtrim: cancelled\n")
