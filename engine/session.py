@@ -26,6 +26,7 @@ from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
 from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
+from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
 from .sampling import Sampler, Sampling, StopMatcher
 from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
@@ -88,8 +89,11 @@ class SessionConfig:
         return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
 
     def recall(self) -> int:
-        """Document tokens a follow-up may bring back (see recall.py); default: a chunk."""
-        return self.chunk() if self.recall_tokens is None else self.recall_tokens
+        """Document tokens a follow-up may bring back (see recall.py); default: a chunk,
+        at least two windows."""
+        if self.recall_tokens is not None:
+            return self.recall_tokens
+        return max(self.chunk(), 2 * RECALL_WINDOW)
 
 
 def default_threads() -> int:
@@ -248,9 +252,10 @@ class Session:
         plain = follow_up_prompt(self.model, question, answer_prefix)
         tail = self.model.tokenize(plain.suffix, markup=plain.suffix_markup)
         excerpts, prompt = [], plain
-        room = self._recall_room(len(tail), max_tokens)
+        answer = min(max_tokens, self.config.chunk())  # a longer answer evicts as it goes
+        room = self._recall_room(len(tail), answer)
         if room > 0:
-            excerpts = self._pick(question, tail, room + len(tail), max_tokens)
+            excerpts = self._pick(question, tail, room, answer)
         if excerpts:
             prompt = follow_up_prompt(self.model, question, answer_prefix, excerpt=True)
         head = self.model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
@@ -558,25 +563,30 @@ class Session:
         if not self.policy.evicts or self._document is None or not self.cache.evicted:
             return 0
         spare = self.capacity - n_turn - max_tokens - self.budget // 2 - 8
-        return max(0, min(self.config.recall(), spare))
+        return max(0, min(self.config.recall(), spare - self._excerpt_frame(spare)))
+
+    def _excerpt_frame(self, room: int) -> int:
+        """Tokens around ``room`` excerpt tokens: the intro and the gaps between them."""
+        gap = len(self.model.tokenize(EXCERPT_GAP))
+        return 8 + gap * max(1, room // (RECALL_WINDOW // 2))
 
     def _pick(self, question: str, tail: list[int], room: int, max_tokens: int) -> list[Excerpt]:
-        """Make room for ``room`` turn tokens and the answer (evicting with the
-        question voting), then choose the excerpts that fit."""
+        """Make room for ``room`` excerpt tokens, the turn and the answer (evicting
+        with the question voting), then choose the excerpts."""
         assert self._document is not None
         first, tokens = self._document
         if self._recall is None:
             self._recall = Recall(tokens, self.model.piece)
             self.stats.recall_host_bytes = self._recall.host_bytes
-        target = self.capacity - room - max_tokens - 8
+        need = room + self._excerpt_frame(room) + len(tail) + max_tokens
+        target = self.capacity - need
         if self.cache.n_used > target:
             window = tail if self._question_aware() else []
             for _ in self._evict(window, target=target):
                 pass
         ids = np.arange(first, first + len(tokens), dtype=np.int64)
         held = np.isin(ids, self.cache.ids)
-        gaps = len(self.model.tokenize(EXCERPT_GAP)) + 1
-        return self._recall.pick(question, held, max(0, room - len(tail) - 4 * gaps))
+        return self._recall.pick(question, held, room)
 
     def _excerpt_tokens(self, excerpts: list[Excerpt]) -> tuple[list[int], np.ndarray, str]:
         """The excerpts' tokens joined by ``EXCERPT_GAP``, the document id each copies

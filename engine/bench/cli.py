@@ -73,6 +73,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "with --quick a minute); writes OUT/kvmem.json, OUT/kvmem.md and a plot",
     )
     p.add_argument(
+        "--multiturn",
+        action="store_true",
+        help="only the conversation task: a summary, then questions about 4 planted facts "
+        "per document, every policy and budget with recall, against the full cache and a "
+        "fresh read per question (about 45 minutes; with --quick 2); writes "
+        "OUT/multiturn.json and OUT/multiturn.md",
+    )
+    p.add_argument(
         "--parts",
         type=_csv,
         default=None,
@@ -201,12 +209,53 @@ def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import json
+
+    from ..runtime import Engine
+    from . import multiturn, multiturn_report
+
+    path = args.out / "multiturn.json"
+    if args.report_only:
+        result = json.loads(path.read_text())
+    else:
+        cfg = multiturn.MultiTurnConfig.quick() if args.quick else multiturn.MultiTurnConfig()
+        if args.policies is not None:
+            unknown = [p for p in args.policies if p not in POLICIES or p == "full"]
+            if unknown:
+                raise ConfigError(f"unknown or non-evicting policy {unknown[0]!r}")
+            cfg.policies = args.policies
+        if args.budgets is not None:
+            cfg.budgets = [int(b) for b in args.budgets]
+        if args.length is not None:
+            cfg.doc_tokens = args.length
+        if args.trials is not None:
+            cfg.docs = args.trials
+        if args.seed is not None:
+            cfg.seed = args.seed
+
+        def step(label: str) -> None:
+            err.write(label + "\n")
+            err.flush()
+
+        command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        with Engine(args.model, n_threads=args.threads) as engine:
+            result = multiturn.run(cfg, engine, args.out, step, command)
+    report_path = multiturn_report.write(result, args.out)
+    for name, measured, ok in multiturn_report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+    out.write(f"wrote {path} and {report_path}\n")
+    return 0
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
     _check_tools()
     if args.kv_memory:
         return _kv_memory(args, out, err)
+    if args.multiturn:
+        return _multiturn(args, out, err)
     if args.report_only:
         import json
 

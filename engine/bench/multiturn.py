@@ -15,10 +15,13 @@ full cache (policy ``full``). Units: seconds, bytes, cells.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..monitor import MemoryMonitor
@@ -123,7 +126,7 @@ def conversation(
     """One conversation (summary, then one question per fact) as a record with a
     hit and a time per question. ``mode``: see the module docstring."""
     monitor = MemoryMonitor()
-    recall = None if mode == "followup" else 0
+    recall = None if mode in ("followup", "full") else 0
     size = budget if policy != "full" else len(engine.model.tokenize(doc)) + 256
     answers: list[dict[str, Any]] = []
     with engine.session(policy, size, recall_tokens=recall) as s:
@@ -160,7 +163,6 @@ def conversation(
         "policy": policy,
         "budget_tokens": budget,
         "mode": mode if policy != "full" else "full",
-        "doc_tokens": stats.tokens_seen if mode != "reread" else None,
         "summary": summary.text.strip()[:200],
         "summary_s": summary_s,
         "hits": sum(a["hit"] for a in answers),
@@ -174,3 +176,86 @@ def conversation(
         "recall_host_bytes": stats.recall_host_bytes,
         "rss_peak_bytes": monitor.rss_peak_bytes,
     }
+
+
+@dataclass
+class MultiTurnConfig:
+    """The grid of ``kvtrim bench --multiturn``: every policy and budget follows up
+    with recall; ``memory`` (no recall, as before) and ``reread`` run where listed."""
+
+    docs: int = 4
+    doc_tokens: int = 7600
+    policies: list[str] = field(default_factory=lambda: ["streaming", "h2o", "tova", "snapkv"])
+    budgets: list[int] = field(default_factory=lambda: [512, 1024])
+    memory_budgets: list[int] = field(default_factory=lambda: [1024])
+    reread_policies: list[str] = field(default_factory=lambda: ["snapkv"])
+    reread_budgets: list[int] = field(default_factory=lambda: [1024])
+    summary_tokens: int = 64
+    answer_tokens: int = 12
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> MultiTurnConfig:
+        return cls(
+            docs=1,
+            doc_tokens=1500,
+            policies=["snapkv"],
+            budgets=[256],
+            memory_budgets=[256],
+            reread_budgets=[256],
+            summary_tokens=16,
+            answer_tokens=8,
+        )
+
+    def jobs(self) -> list[tuple[str, int, str]]:
+        """``(policy, budget, mode)`` of each conversation, per document."""
+        out = [("full", 0, "full")]
+        for budget in self.budgets:
+            for policy in self.policies:
+                out.append((policy, budget, "followup"))
+                if budget in self.memory_budgets:
+                    out.append((policy, budget, "memory"))
+                if budget in self.reread_budgets and policy in self.reread_policies:
+                    out.append((policy, budget, "reread"))
+        return out
+
+
+def run(
+    cfg: MultiTurnConfig,
+    engine: Engine,
+    out_dir: Path,
+    step: Callable[[str], None],
+    command: str,
+) -> dict[str, Any]:
+    """Every job on every document; ``multiturn.json`` is rewritten after each one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "multiturn.json"
+    result: dict[str, Any] = {
+        "command": command,
+        "config": asdict(cfg),
+        "model": engine.model.info.name,
+        "records": [],
+    }
+    start = time.perf_counter()
+    corpus_step = 40_000  # characters between two documents' starts in the corpus
+    for d in range(cfg.docs):
+        facts = facts_for(cfg.seed + d)
+        doc = document(engine, cfg.doc_tokens, facts, offset=d * corpus_step)
+        n_doc = len(engine.model.tokenize(doc))
+        for policy, budget, mode in cfg.jobs():
+            step(f"doc {d + 1}/{cfg.docs} {policy} budget={budget} {mode}")
+            rec = conversation(
+                engine,
+                policy,
+                budget,
+                mode,
+                doc,
+                facts,
+                summary_tokens=cfg.summary_tokens,
+                answer_tokens=cfg.answer_tokens,
+            )
+            rec.update(doc=d, doc_tokens=n_doc)
+            result["records"].append(rec)
+            result["elapsed_s"] = time.perf_counter() - start
+            path.write_text(json.dumps(result, indent=1))
+    return result
