@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -142,11 +143,19 @@ def cancel_on_sigint(cancel: Callable[[], None]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: cancel())
+    llama_log = logging.getLogger("kvtrim.llama")
+    level = llama_log.level
+
+    def handler(_sig: int, _frame: object) -> None:
+        llama_log.setLevel(logging.CRITICAL)  # llama.cpp logs the abort as a failed decode
+        cancel()
+
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        llama_log.setLevel(level)
 
 
 def _dim(text: str, stream: TextIO) -> str:
@@ -164,9 +173,16 @@ def _answer(chat: Chat, question: str | None, out: TextIO, err: TextIO) -> Turn:
     """One interactive turn: progress while reading, the answer streamed to ``out``."""
     progress = _isatty(err)
     shown = False
+    stop = threading.Event()
+
+    def cancel() -> None:
+        stop.set()
+        chat.session.cancel()
 
     def on_event(event: Event) -> None:
         nonlocal shown
+        if stop.is_set():  # Ctrl+C came before the session began the turn
+            chat.session.cancel()
         if isinstance(event, Progress) and progress:
             err.write(f"\rreading {event.done:,}/{event.total:,} tokens")
             err.flush()
@@ -179,11 +195,11 @@ def _answer(chat: Chat, question: str | None, out: TextIO, err: TextIO) -> Turn:
             out.flush()
 
     prefix = chat.answer_prefix.strip() if question else ""
-    if prefix:
-        out.write(prefix)
-        out.flush()
     try:
-        with cancel_on_sigint(chat.session.cancel):
+        with cancel_on_sigint(cancel):
+            if prefix:
+                out.write(prefix)
+                out.flush()
             turn = chat.turn(question, on_event=on_event)
     finally:
         if shown:
@@ -194,7 +210,7 @@ def _answer(chat: Chat, question: str | None, out: TextIO, err: TextIO) -> Turn:
             err.write(_dim("the document is read again with the next question", err) + "\n")
             return turn
     else:
-        out.write("\n")
+        out.write("\n" if turn.text.strip() or prefix else "(no answer)\n")
     out.flush()
     err.write(_dim(status_line(turn), err) + "\n")
     err.flush()
