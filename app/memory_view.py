@@ -31,6 +31,7 @@ from engine.trace import (
     EVICTED,
     HEADING,
     KEPT_ROLES,
+    RECALLED,
     RECENT,
     SCORED,
     SINK,
@@ -48,6 +49,7 @@ NAMES = {
     "question": "question",
     "answer": "answer",
     "turn": "your message",
+    "recalled": "brought back for your question",
 }
 
 LIGHT = {
@@ -58,6 +60,7 @@ LIGHT = {
     RECENT: (None, "#dff3ee"),
     TOP: (None, "#ffe29a"),
     HEADING: ("#5f6368", None),
+    RECALLED: (None, "#e8dcff"),
 }
 DARK = {
     UNREAD: ("#50555c", None),
@@ -67,8 +70,15 @@ DARK = {
     RECENT: (None, "#173832"),
     TOP: (None, "#5a4710"),
     HEADING: ("#9aa0a6", None),
+    RECALLED: (None, "#3b2d5c"),
 }
-MINIMAP = {"unread": "#d5d8dc", "evicted": "#b0b4ba", "kept": "#2a9d8f", "top": "#e9a23b"}
+MINIMAP = {
+    "unread": "#d5d8dc",
+    "evicted": "#b0b4ba",
+    "kept": "#2a9d8f",
+    "top": "#e9a23b",
+    "recalled": "#8e6bd8",
+}
 
 
 class _Highlighter(QSyntaxHighlighter):
@@ -165,6 +175,7 @@ class MemoryView(QWidget):
         legend = QLabel(
             '<span style="background:#ffe29a">&nbsp;strongest&nbsp;</span> '
             '<span style="background:#dff3ee">&nbsp;recent&nbsp;</span> '
+            '<span style="background:#e8dcff">&nbsp;brought back&nbsp;</span> '
             '<u>sink</u> kept <span style="color:#9aa0a6">evicted</span> '
             '<i style="color:#b8bcc2">not read yet</i>'
         )
@@ -236,9 +247,21 @@ class MemoryView(QWidget):
             f"<b>{m.policy}</b>, budget {m.budget_tokens:,}: the cache holds "
             f"<b>{m.tokens_kept:,} of {m.tokens_seen:,}</b> tokens read "
             f"({m.retention:.1%}); {kept:,} of {max(seen, 0):,} characters kept."
+            + self._recall_note(roles)
         )
         self._drawn_at = time.monotonic()
         self._cost_ms = (self._drawn_at - start) * 1000
+
+    @staticmethod
+    def _recall_note(roles: np.ndarray) -> str:
+        """Where the latest follow-up brought evicted text back, say how much."""
+        back = int((roles == RECALLED).sum())
+        if not back:
+            return ""
+        return (
+            f" <span style='background:#e8dcff'>&nbsp;{back:,} evicted characters&nbsp;</span>"
+            " were brought back for the latest question."
+        )
 
     def scroll_to(self, fraction: float) -> None:
         """Centre the text at ``fraction`` of its length (a minimap click)."""

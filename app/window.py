@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import DocumentError, Done, Evicted, Progress, Token
+from engine import DocumentError, Done, Evicted, Progress, Recalled, Token
 from engine.documents import load_document
 from engine.monitor import MemoryMonitor
 from engine.trace import MemoryMap
@@ -411,6 +411,13 @@ class MainWindow(QMainWindow):
             self.graphs.add(event.stats)
         elif isinstance(event, Evicted):
             self.graphs.add(event.stats)
+        elif isinstance(event, Recalled):
+            n = len(event.excerpts)
+            self.progress.setVisible(True)
+            self.progress.setFormat(
+                f"brought back {event.stats.recalled_tokens:,} evicted tokens from {n} "
+                f"passage{'s' if n != 1 else ''} for this question"
+            )
         elif isinstance(event, Token):
             self.progress.setVisible(False)
             self.graphs.last = event.stats
@@ -429,6 +436,8 @@ class MainWindow(QMainWindow):
             )
             if s.kv_type != "f16":
                 meta += f" · KV {s.kv_type}"
+            if s.recalled_tokens:
+                meta += f" · brought back {s.recalled_tokens:,} evicted tokens"
             text = f"{self.job_prefix} {event.text.strip()}".strip()
             if self.replacing is not None:
                 self.store.update_message(self.replacing, text, meta)

@@ -16,7 +16,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine import Cancelled, Done, Engine, KvtrimError, Sampling, Session
+from engine import Cancelled, Done, Engine, KvtrimError, Sampling, Session, Token
 from engine.stats import Event
 
 MAP_EVERY_S = 0.5  # memory maps while a job runs: twice a second, and at the end
@@ -145,7 +145,7 @@ class EngineWorker(QObject):
             self.failed.emit("no model is loaded")
             return
         self.busy.emit(True)
-        ok = False
+        ok = answered = False
         try:
             session, events = self._start(job)
             self._session = session
@@ -153,6 +153,7 @@ class EngineWorker(QObject):
             for item in events:
                 self.event.emit(item)
                 ok = ok or isinstance(item, Done)
+                answered = answered or isinstance(item, Token)
                 now = time.monotonic()
                 if ok or now - last_map >= MAP_EVERY_S:
                     last_map = now
@@ -173,8 +174,9 @@ class EngineWorker(QObject):
                 # a fresh session that did not finish is closed at once
                 if self._session is not None:
                     self._session.close()
-            else:
-                self._drop_chat()  # a cancelled follow-up leaves a half-written turn
+            elif answered or not getattr(self._chat.session, "can_follow_up", False):
+                self._drop_chat()  # a cancelled follow-up leaves a half-written answer
+            # else: stopped before its answer began, the session rolled the turn back
             self._session = None
             self.busy.emit(False)
 

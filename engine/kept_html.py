@@ -15,6 +15,7 @@ import numpy as np
 from .trace import (
     EVICTED,
     HEADING,
+    RECALLED,
     RECENT,
     SCORED,
     SINK,
@@ -26,8 +27,23 @@ from .trace import (
 )
 
 BINS = 200  # minimap cells
-CLASSES = {UNREAD: "u", EVICTED: "e", SCORED: "k", SINK: "s", RECENT: "r", TOP: "t", HEADING: "h"}
-MINIMAP = {"kept": "#2a9d8f", "top": "#e9a23b", "evicted": "#b0b4ba", "unread": "#e3e5e8"}
+CLASSES = {
+    UNREAD: "u",
+    EVICTED: "e",
+    SCORED: "k",
+    SINK: "s",
+    RECENT: "r",
+    TOP: "t",
+    HEADING: "h",
+    RECALLED: "b",
+}
+MINIMAP = {
+    "kept": "#2a9d8f",
+    "top": "#e9a23b",
+    "recalled": "#8e6bd8",
+    "evicted": "#b0b4ba",
+    "unread": "#e3e5e8",
+}
 
 CSS = """
 body{margin:0;font:15px/1.55 system-ui,-apple-system,"Segoe UI",sans-serif;color:#202124}
@@ -37,11 +53,13 @@ header h1{font-size:1.2rem;margin:0 0 .3rem}
 .legend span{padding:0 .3rem;margin-right:.4rem}
 pre{white-space:pre-wrap;word-wrap:break-word;font:inherit}
 .e{color:#9aa0a6}.u{color:#c4c7cc;font-style:italic}.s{text-decoration:underline}
-.r{background:#dff3ee}.t{background:#ffe29a}.h{font-weight:600;color:#5f6368}
+.r{background:#dff3ee}.t{background:#ffe29a}.b{background:#e8dcff}
+.h{font-weight:600;color:#5f6368}
 nav{position:fixed;top:0;right:0;bottom:0;width:16px;display:flex;flex-direction:column}
 nav a{flex:1 1 0;display:block}
 @media (prefers-color-scheme:dark){body{background:#1f2226;color:#e6e6e6}
 .e{color:#6b7078}.u{color:#50555c}.r{background:#173832}.t{background:#5a4710}
+.b{background:#3b2d5c}
 header{border-color:#3c4043}.h{color:#9aa0a6}}
 """
 
@@ -82,7 +100,8 @@ def render_html(m: MemoryMap, *, model: str = "", question: str = "", answer: st
         qa += f"<p><b>Answer:</b> {html.escape(answer)}</p>"
     legend = (
         '<p class="legend"><span class="t">strongest scores</span><span class="r">recent '
-        'window</span><span class="s">sink</span><span>kept</span><span class="e">evicted'
+        'window</span><span class="b">brought back for the question</span>'
+        '<span class="s">sink</span><span>kept</span><span class="e">evicted'
         '</span><span class="u">not read</span></p>'
     )
     return (

@@ -270,15 +270,19 @@ class Session:
             self._recall_src = src
             self.stats.recalled_tokens = int((src >= 0).sum())
             yield Recalled(tuple(self._excerpt_texts(excerpts)), len(body), self.stats)
-        turn_id = self.cache.next_id
+        turn_id, answered = self.cache.next_id, False
         try:
             yield from self.feed(head + body + tail, observe=tail, logits=True)
+            gen = self.generate(
+                max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
+            )
+            for event in gen:
+                answered = answered or isinstance(event, Token)
+                yield event
         except BaseException:
-            self._roll_back(turn_id)
+            if not answered:  # stopped before a word of the answer: as if never asked
+                self._roll_back(turn_id)
             raise
-        yield from self.generate(
-            max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
-        )
 
     @property
     def can_follow_up(self) -> bool:

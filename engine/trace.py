@@ -243,6 +243,7 @@ def display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
 def strip(roles: np.ndarray, cells: int) -> tuple[np.ndarray, list[str]]:
     """``roles`` squeezed into ``cells`` equal slices (a minimap): each cell's share
     of kept characters, and its class: "top" when it holds a strongest score, else
+    "recalled" when a follow-up brought some of it back, else
     "kept" when at least half is kept, "evicted" when any was evicted, "unread"."""
     edges = np.linspace(0, len(roles), cells + 1).astype(np.int64)
     shares, classes = np.zeros(cells), []
@@ -251,6 +252,8 @@ def strip(roles: np.ndarray, cells: int) -> tuple[np.ndarray, list[str]]:
         shares[k] = np.isin(chunk, KEPT_ROLES).mean() if len(chunk) else 0.0
         if (chunk == TOP).any():
             classes.append("top")
+        elif (chunk == RECALLED).any():
+            classes.append("recalled")
         elif shares[k] >= 0.5:
             classes.append("kept")
         elif (chunk == EVICTED).any():

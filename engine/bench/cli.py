@@ -227,6 +227,7 @@ def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             cfg.policies = args.policies
         if args.budgets is not None:
             cfg.budgets = [int(b) for b in args.budgets]
+            cfg.main_budget = cfg.budgets[-1]
         if args.length is not None:
             cfg.doc_tokens = args.length
         if args.trials is not None:

@@ -187,6 +187,8 @@ class MultiTurnConfig:
     doc_tokens: int = 7600
     policies: list[str] = field(default_factory=lambda: ["streaming", "h2o", "tova", "snapkv"])
     budgets: list[int] = field(default_factory=lambda: [512, 1024])
+    main_budget: int = 1024  # every policy runs here; other budgets run focus_policies
+    focus_policies: list[str] = field(default_factory=lambda: ["snapkv"])
     memory_budgets: list[int] = field(default_factory=lambda: [1024])
     reread_policies: list[str] = field(default_factory=lambda: ["snapkv"])
     reread_budgets: list[int] = field(default_factory=lambda: [1024])
@@ -201,6 +203,7 @@ class MultiTurnConfig:
             doc_tokens=1500,
             policies=["snapkv"],
             budgets=[256],
+            main_budget=256,
             memory_budgets=[256],
             reread_budgets=[256],
             summary_tokens=16,
@@ -212,6 +215,8 @@ class MultiTurnConfig:
         out = [("full", 0, "full")]
         for budget in self.budgets:
             for policy in self.policies:
+                if budget != self.main_budget and policy not in self.focus_policies:
+                    continue
                 out.append((policy, budget, "followup"))
                 if budget in self.memory_budgets:
                     out.append((policy, budget, "memory"))
