@@ -11,6 +11,7 @@ nothing to follow up, so the next turn reads the document again.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -76,6 +77,13 @@ class Chat:
         self.model_name = model_name
         self.history: list[Turn] = []
         self.started = 0  # turns begun, failed ones included
+        self.stopping = threading.Event()  # set by ``stop``, cleared when a turn ends
+
+    def stop(self) -> None:
+        """Stop the running turn (thread- and signal-safe); a turn about to begin
+        stops at its first event."""
+        self.stopping.set()
+        self.session.cancel()
 
     def turn(
         self,
@@ -85,7 +93,7 @@ class Chat:
     ) -> Turn:
         """Ask ``question`` (None: summarize), calling ``on_event`` for each event.
 
-        A cancel (``session.cancel()``) ends the turn with reason ``cancelled``;
+        ``stop()`` (or ``session.cancel()``) ends the turn with reason ``cancelled``;
         other engine errors propagate."""
         self.started += 1
         if answer_prefix is None:
@@ -108,6 +116,8 @@ class Chat:
         reason = "cancelled"
         try:
             for event in events:
+                if self.stopping.is_set():  # stopped before the session began the turn
+                    session.cancel()
                 if isinstance(event, Recalled):
                     excerpts = event.excerpts
                 elif isinstance(event, Token):
@@ -118,6 +128,8 @@ class Chat:
                     on_event(event)
         except Cancelled:
             reason = "cancelled"
+        finally:
+            self.stopping.clear()
         turn = Turn(
             number=self.started,
             kind="question" if question else "summarize",

@@ -70,11 +70,16 @@ def add_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="evicted document tokens a follow-up may bring back (default: a chunk; 0: none)",
     )
-    for action in p._actions:  # shared options whose help reads differently here
-        if "--json" in action.option_strings:
-            action.help = "JSON lines in (stdin) and out, even on a terminal"
-        elif "--show-kept" in action.option_strings:
-            action.help = "at the end, write what the cache held over the text as HTML"
+    helps = {  # shared options that mean something a little different here
+        "--json": "JSON lines in (stdin) and out, even on a terminal",
+        "--show-kept": "at the end, write what the cache held over the text as HTML",
+        "--stop": "stop string of the turn that reads the document (repeatable)",
+        "--answer-prefix": "text every answer to a question starts with (script lines "
+        "may give their own)",
+    }
+    for action in p._actions:
+        for option in action.option_strings:
+            action.help = helps.get(option, action.help)
 
 
 def parse_line(line: str) -> tuple[str | None, str | None]:
@@ -122,7 +127,7 @@ def run_script(chat: Chat, lines: Iterable[str], out: TextIO) -> int:
             failed = True
             continue
         try:
-            with cancel_on_sigint(chat.session.cancel):
+            with ctrl_c_stops(chat):
                 turn = chat.turn(question, prefix)
         except FATAL:
             raise
@@ -137,9 +142,10 @@ def run_script(chat: Chat, lines: Iterable[str], out: TextIO) -> int:
 
 
 @contextmanager
-def cancel_on_sigint(cancel: Callable[[], None]) -> Iterator[None]:
-    """Ctrl+C calls ``cancel`` instead of raising ``KeyboardInterrupt`` until the
-    block ends (signals can only be handled on the main thread)."""
+def ctrl_c_stops(chat: Chat) -> Iterator[None]:
+    """Ctrl+C stops the chat's turn (``Chat.stop``) instead of raising
+    ``KeyboardInterrupt`` until the block ends (only the main thread gets signals)."""
+    chat.stopping.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -148,7 +154,7 @@ def cancel_on_sigint(cancel: Callable[[], None]) -> Iterator[None]:
 
     def handler(_sig: int, _frame: object) -> None:
         llama_log.setLevel(logging.CRITICAL)  # llama.cpp logs the abort as a failed decode
-        cancel()
+        chat.stop()
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
@@ -173,16 +179,9 @@ def _answer(chat: Chat, question: str | None, out: TextIO, err: TextIO) -> Turn:
     """One interactive turn: progress while reading, the answer streamed to ``out``."""
     progress = _isatty(err)
     shown = False
-    stop = threading.Event()
-
-    def cancel() -> None:
-        stop.set()
-        chat.session.cancel()
 
     def on_event(event: Event) -> None:
         nonlocal shown
-        if stop.is_set():  # Ctrl+C came before the session began the turn
-            chat.session.cancel()
         if isinstance(event, Progress) and progress:
             err.write(f"\rreading {event.done:,}/{event.total:,} tokens")
             err.flush()
@@ -196,7 +195,7 @@ def _answer(chat: Chat, question: str | None, out: TextIO, err: TextIO) -> Turn:
 
     prefix = chat.answer_prefix.strip() if question else ""
     try:
-        with cancel_on_sigint(cancel):
+        with ctrl_c_stops(chat):
             if prefix:
                 out.write(prefix)
                 out.flush()
