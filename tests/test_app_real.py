@@ -86,3 +86,41 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
     assert w.store.messages(w.conversation.id)[-1].role == "assistant"
     w.close()
+
+
+def test_real_model_drop_summary_then_details_brought_back(qtbot, tmp_path):
+    """The app's main path: drop a document, read its summary, ask about a detail the
+    summary's compression evicted; the follow-up brings it back and shows that."""
+    from engine import Engine
+    from engine.bench import multiturn
+    from engine.trace import RECALLED
+
+    facts = multiturn.facts_for(3)
+    with Engine() as eng:
+        text = multiturn.document(eng, 1500, facts, offset=20_000)
+    doc = tmp_path / "report.txt"
+    doc.write_text(text)
+    settings = Settings(policy="snapkv", budget_tokens=256, max_tokens=24)
+    w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+    _drop(w, doc)
+    w.summarize()
+    qtbot.waitUntil(lambda: w.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=120_000)
+    assert w.graphs.last.evicted_tokens > 1000
+
+    w.input.setPlainText(facts[0].question)
+    w.send()
+    qtbot.waitUntil(lambda: w.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
+    messages = w.store.messages(w.conversation.id)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert facts[0].value in messages[-1].content
+    assert "brought back" in messages[-1].meta
+    memory = w.memory_view.map
+    assert (memory.roles[memory.segment("document")] == RECALLED).any()
+    w.tabs.setCurrentWidget(w.memory_view)
+    qtbot.waitUntil(lambda: "brought back" in w.memory_view.summary.text(), timeout=5000)
+    w.close()
