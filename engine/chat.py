@@ -66,8 +66,8 @@ class Chat:
         answer_prefix: str = "",
         model_name: str = "",
     ) -> None:
-        """``stops`` apply to the turn that reads the document (follow-ups use the
-        prompt's own); ``answer_prefix`` is the default for questions."""
+        """``stops`` end every turn's answer (the first read's replace the prompt's
+        own, follow-ups add them); ``answer_prefix`` is the default for questions."""
         self.session = session
         self.document = document
         self.max_tokens = max_tokens
@@ -109,7 +109,9 @@ class Chat:
                 self.document, question, answer_prefix=prefix, stops=self.stops, **gen
             )
         else:
-            events = session.follow_up(question or SUMMARY_INSTRUCTION, answer_prefix=prefix, **gen)
+            events = session.follow_up(
+                question or SUMMARY_INSTRUCTION, answer_prefix=prefix, stops=self.stops or (), **gen
+            )
         start = time.perf_counter()
         parts: list[str] = []
         excerpts: tuple[str, ...] = ()

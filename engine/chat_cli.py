@@ -73,7 +73,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     helps = {  # shared options that mean something a little different here
         "--json": "JSON lines in (stdin) and out, even on a terminal",
         "--show-kept": "at the end, write what the cache held over the text as HTML",
-        "--stop": "stop string of the turn that reads the document (repeatable)",
+        "--stop": "stop string of every answer (repeatable)",
         "--answer-prefix": "text every answer to a question starts with (script lines "
         "may give their own)",
     }

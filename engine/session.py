@@ -231,8 +231,10 @@ class Session:
         answer_prefix: str = "",
         max_tokens: int = 128,
         sampling: Sampling | None = None,
+        stops: Sequence[str] = (),
     ) -> Iterator[Event]:
-        """The next chat turn: append ``question`` after the last answer and generate.
+        """The next chat turn: append ``question`` after the last answer and generate
+        (``stops``: more stop strings, beside the prompt's own).
 
         The cache keeps what earlier turns left in it, so a chat goes on past the
         budget; the question is the observation window of any eviction it needs.
@@ -274,7 +276,9 @@ class Session:
         try:
             yield from self.feed(head + body + tail, observe=tail, logits=True)
             gen = self.generate(
-                max_tokens=max_tokens, sampling=sampling or Sampling(), stops=prompt.stops
+                max_tokens=max_tokens,
+                sampling=sampling or Sampling(),
+                stops=(*prompt.stops, *stops),
             )
             for event in gen:
                 answered = answered or isinstance(event, Token)
