@@ -34,24 +34,10 @@ from PySide6.QtWidgets import (
 
 from engine.finder import FoundModel, find_models, format_size
 from engine.kvmemory import KV_TYPES
-from engine.policies import POLICIES
+from engine.policies import H2O, POLICIES
 
 from .settings import Settings
 
-POLICY_HELP = {
-    "full": "Off: keeps every token; fails when the text does not fit the budget.",
-    "streaming": "StreamingLLM: first tokens plus the most recent ones (llama.cpp's shift).",
-    "h2o": "H2O: tokens with the most accumulated attention, plus a recent window.",
-    "snapkv": "SnapKV: your question votes for what to keep at every eviction.",
-    "tova": "TOVA: keeps what the newest token attends to.",
-}
-POLICY_LABELS = {
-    "full": "Off (full cache)",
-    "streaming": "StreamingLLM",
-    "h2o": "H2O",
-    "snapkv": "SnapKV",
-    "tova": "TOVA",
-}
 PARAMS = {
     "n_sink": ("Sink tokens", "The first tokens, always kept: attention sinks."),
     "recent": ("Recent window", "The newest tokens, always kept."),
@@ -65,7 +51,7 @@ KV_TYPE_HELP = (
 KV_TYPE_TIP = (
     "f16: full precision. q8_0: about half the bytes, a small quality cost. "
     "q4_0: about a quarter, a larger cost. H2O, TOVA and SnapKV read attention "
-    "and keep V in f16; StreamingLLM and Off quantize V too (flash attention on)."
+    "and keep V in f16; StreamingLLM and the full cache quantize V too (flash attention on)."
 )
 H2O_RECENT = "The newest tokens, always kept; 0 keeps half the budget (the paper's split)."
 
@@ -170,8 +156,8 @@ class SettingsPanel(QWidget):
 
         form = QFormLayout(groups["Eviction"])
         self.policy = QComboBox()
-        for name in POLICIES:
-            self.policy.addItem(POLICY_LABELS.get(name, name), name)
+        for name, cls in POLICIES.items():
+            self.policy.addItem(cls.label, name)
         self.policy.setCurrentIndex(self.policy.findData(settings.policy))
         self.policy_help = QLabel()
         self.policy_help.setWordWrap(True)
@@ -328,7 +314,8 @@ class SettingsPanel(QWidget):
 
     def _show_policy(self) -> None:
         name = self.policy_name()
-        self.policy_help.setText(POLICY_HELP.get(name, ""))
+        cls = POLICIES.get(name)
+        self.policy_help.setText(cls.help if cls is not None else "")
         defaults = policy_defaults(name)
         values = {**defaults, **self.settings.policy_params.get(name, {})}
         for key, spin in self.params.items():
@@ -336,7 +323,7 @@ class SettingsPanel(QWidget):
             spin.setEnabled(key in defaults)
             spin.setValue(values.get(key, 0))
             spin.blockSignals(False)
-        hint = H2O_RECENT if name == "h2o" else PARAMS["recent"][1]
+        hint = H2O_RECENT if cls is H2O else PARAMS["recent"][1]
         self.param_hints["recent"].setText(hint)
 
     def _param_edited(self, key: str, value: int) -> None:

@@ -30,13 +30,14 @@ from PySide6.QtWidgets import (
 from engine import DocumentError, Done, Evicted, Progress, Recalled, Token
 from engine.documents import load_document
 from engine.monitor import MemoryMonitor
+from engine.policies import label as policy_label
 from engine.trace import MemoryMap
 
 from .chat import ChatView, MessageInput
 from .graphs import MemoryGraphs
 from .memory_view import MemoryView
 from .settings import Settings, save
-from .settings_panel import POLICY_LABELS, SettingsPanel
+from .settings_panel import SettingsPanel
 from .sidebar import Sidebar
 from .store import Message, Store
 from .theme import apply_theme
@@ -431,7 +432,7 @@ class MainWindow(QMainWindow):
             ttft = f"{s.first_token_s:.1f} s" if s.first_token_s is not None else "n/a"
             meta = (
                 f"{s.decode_tokens_per_s:.1f} tok/s · first token {ttft} · "
-                f"{POLICY_LABELS.get(s.policy, s.policy)}, budget {s.budget_tokens:,} · "
+                f"{policy_label(s.policy)}, budget {s.budget_tokens:,} · "
                 f"{s.cells_used:,} of {s.tokens_seen:,} tokens in cache"
             )
             if s.kv_type != "f16":
@@ -484,7 +485,7 @@ class MainWindow(QMainWindow):
     # -- view -------------------------------------------------------------
 
     def _update_status(self) -> None:
-        label = POLICY_LABELS.get(self.panel.policy_name(), self.panel.policy_name())
+        label = policy_label(self.panel.policy_name())
         kv_type = self.panel.kv_type_name()
         kv = f" · KV {kv_type}" if kv_type != "f16" else ""
         cpu = f" · {self.cpu_note}" if self.cpu_note else ""

@@ -29,7 +29,7 @@ from .errors import Cancelled, ConfigError, DocumentError, KvtrimError
 from .models_cli import add_parser as add_models_parser
 from .models_cli import main as models_main
 from .monitor import MemoryMonitor
-from .policies import POLICIES, make_policy
+from .policies import POLICIES, help_lines, make_policy
 from .runtime import Engine
 from .sampling import Sampling
 from .serve import cli as serve_cli
@@ -87,7 +87,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         "--policy",
         choices=list(POLICIES),
         default="snapkv",
-        help="eviction policy (default: snapkv)",
+        help=f"eviction policy (default: snapkv). {help_lines()}",
     )
     p.add_argument(
         "--budget",

@@ -130,3 +130,28 @@ def test_unknown_policy_and_bad_settings():
         make_policy("snapkv", kernel=4)
     with pytest.raises(ConfigError):
         make_policy("streaming", n_sink=-1)
+
+
+def test_each_class_carries_its_label_help_and_kind():
+    from engine.policies import evicts, help_lines, keeps_all, label, policy_class
+
+    labels = {name: cls.label for name, cls in POLICIES.items()}
+    assert labels == {
+        "full": "Full cache",
+        "streaming": "StreamingLLM",
+        "h2o": "H2O",
+        "snapkv": "SnapKV",
+        "tova": "TOVA",
+    }
+    for name, cls in POLICIES.items():
+        assert cls.name == name and policy_class(name) is cls
+        assert cls.help and "\n" not in cls.help and len(cls.help) < 120, name
+        if cls.evicts:  # the help names the paper (author, year) as the README does
+            assert "et al. 20" in cls.help and cls.label in cls.help, name
+        assert evicts(name) == cls.evicts and keeps_all(name) == (not cls.evicts)
+        assert f"{name}: {cls.help}" in help_lines()
+    # names that are no policy (a llama-cpp-python row of a bench report)
+    assert not evicts("llama-cpp-python") and not keeps_all("llama-cpp-python")
+    assert label("llama-cpp-python") == "llama-cpp-python"
+    with pytest.raises(ConfigError, match="unknown policy 'lru'; choose one of full"):
+        policy_class("lru")

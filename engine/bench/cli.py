@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..errors import ConfigError
-from ..policies import POLICIES
+from ..policies import POLICIES, evicts
 from . import report
 from .runner import BenchConfig, run, steps_total
 
@@ -221,7 +221,7 @@ def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         cfg = multiturn.MultiTurnConfig.quick() if args.quick else multiturn.MultiTurnConfig()
         if args.policies is not None:
-            unknown = [p for p in args.policies if p not in POLICIES or p == "full"]
+            unknown = [p for p in args.policies if not evicts(p)]
             if unknown:
                 raise ConfigError(f"unknown or non-evicting policy {unknown[0]!r}")
             cfg.policies = args.policies

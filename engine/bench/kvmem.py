@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..policies import Full, reads_attention
 from ..runtime import Engine
 from . import tasks
 
@@ -173,13 +174,13 @@ def quality(
     def reference(flash: str) -> Any:
         if flash not in refs:
             refs[flash], _, _ = tasks.continuation_logprobs(
-                engine, "full", 0, doc, cont, flash_attn=flash, swa_cache="full"
+                engine, Full.name, 0, doc, cont, flash_attn=flash, swa_cache="full"
             )
         return refs[flash]
 
     def fidelity(policy: str, label: dict[str, Any], **session: Any) -> None:
         step(f"{label} {policy} fidelity")
-        flash = "off" if policy in ("h2o", "tova", "snapkv") else "auto"
+        flash = "off" if reads_attention(policy) else "auto"
         rec = tasks.fidelity(
             engine, policy, cfg.quality_budget, doc, cont, reference(flash), **session
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..policies import evicts
 from ..prompts import Prompt
 from ..runtime import Engine
 from ..session import Session
@@ -26,7 +27,7 @@ def needle_maps(engine: Engine, policies: list[str], length: int, budget: int) -
     at = doc.index(str(KEY))
     out = []
     for policy in policies:
-        b = max(budget, length + 64) if policy == "full" else budget
+        b = budget if evicts(policy) else max(budget, length + 64)
         prompt = Prompt(PASSKEY_PREFIX, doc, PASSKEY_SUFFIX, (), engine.model.add_bos)
         with engine.session(policy, b) as s:
             result = Session.collect(s.run(prompt, max_tokens=8))

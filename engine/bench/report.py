@@ -6,6 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..policies import Full, SnapKV, StreamingLLM, evicts, keeps_all, reads_attention
+
 _MB = 2**20
 STYLES = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
 
@@ -69,8 +71,8 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     length = result["config"]["length"]
     out: list[tuple[str, str, bool]] = []
     eighth = [r for r in q if r["budget_tokens"] == length // 8]
-    snap = next((r for r in eighth if r["policy"] == "snapkv"), None)
-    stream = next((r for r in eighth if r["policy"] == "streaming"), None)
+    snap = next((r for r in eighth if r["policy"] == SnapKV.name), None)
+    stream = next((r for r in eighth if r["policy"] == StreamingLLM.name), None)
     if snap and stream:
         acc = (snap["passkey_filler"] + snap["passkey_real"]) / 2
         base = (stream["passkey_filler"] + stream["passkey_real"]) / 2
@@ -82,7 +84,7 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
                 acc >= 0.9 and ratio >= 4,
             )
         )
-    quarter = [r for r in q if r["budget_tokens"] == length // 4 and r["policy"] != "full"]
+    quarter = [r for r in q if r["budget_tokens"] == length // 4 and not keeps_all(r["policy"])]
     if quarter:
         best = max(quarter, key=lambda r: r["top1_agreement"])
         out.append(
@@ -92,7 +94,7 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
                 best["top1_agreement"] >= 0.95,
             )
         )
-    shares = [r["capture_score_share"] for r in q if r["policy"] in ("h2o", "snapkv", "tova")]
+    shares = [r["capture_score_share"] for r in q if reads_attention(r["policy"])]
     if shares:
         worst = max(shares)
         out.append(
@@ -100,10 +102,9 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
         )
     longest = max((r["length"] for r in s), default=0)
     at_longest = {r["policy"]: r for r in s if r["length"] == longest}
-    if "full" in at_longest and "snapkv" in at_longest:
-        speedup = (
-            at_longest["snapkv"]["decode_tokens_per_s"] / at_longest["full"]["decode_tokens_per_s"]
-        )
+    if Full.name in at_longest and SnapKV.name in at_longest:
+        full, snap_row = at_longest[Full.name], at_longest[SnapKV.name]
+        speedup = snap_row["decode_tokens_per_s"] / full["decode_tokens_per_s"]
         out.append(
             (
                 f"decode with a bounded budget >= 1.5x the full cache at {longest} tokens "
@@ -114,7 +115,7 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
         )
     bounded = defaultdict(set)
     for r in s:
-        if r["policy"] in ("streaming", "h2o", "snapkv", "tova"):
+        if evicts(r["policy"]):
             bounded[r["policy"]].add(r["kv_bytes_peak"])
     if bounded:
         flat = all(len(v) == 1 for v in bounded.values())
@@ -220,10 +221,10 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         (axes[0], "passkey_filler", "filler haystack"),
         (axes[1], "passkey_real", "real-text haystack"),
     ):
-        policies = [p for p in dict.fromkeys(r["policy"] for r in q) if p != "full"]
+        policies = [p for p in dict.fromkeys(r["policy"] for r in q) if not keeps_all(p)]
         for policy in dict.fromkeys(r["policy"] for r in q):
             rs = sorted((r for r in q if r["policy"] == policy), key=lambda r: r["budget_tokens"])
-            if policy == "full":
+            if keeps_all(policy):
                 ax.axhline(rs[0][key], color="grey", ls="--", label="full cache")
                 continue
             # a small vertical offset per policy keeps equal scores visible
@@ -259,7 +260,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
                 {
                     (r["length"], r["kv_bytes_full"])
                     for r in s
-                    if r.get("kv_bytes_full") and r["policy"] == "full"
+                    if r.get("kv_bytes_full") and keeps_all(r["policy"])
                 }
             )
             ax.plot(

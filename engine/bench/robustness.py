@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..documents import load_document
-from ..policies import make_policy
+from ..policies import Full, evicts, make_policy
 from ..runtime import Engine
 from ..session import Session
 
@@ -51,7 +51,7 @@ def variants(
 
 def runs(policies: tuple[str, ...] = ("full", "snapkv", "streaming")) -> Iterator[tuple[str, int]]:
     for policy in policies:
-        yield policy, FULL_BUDGET if policy == "full" else DEMO_BUDGET
+        yield policy, DEMO_BUDGET if evicts(policy) else FULL_BUDGET
 
 
 def _one(engine: Engine, text: str, policy: str, budget: int, v: Variant) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def repack_cost(
         for _ in range(rounds):
             for mode, engine in engines.items():
                 tokens = engine.model.tokenize(text, add_bos=True)
-                with engine.session("full", len(tokens) + decode_tokens + 16) as session:
+                with engine.session(Full.name, len(tokens) + decode_tokens + 16) as session:
                     events = session.run_tokens(tokens[:-8], tokens[-8:], max_tokens=decode_tokens)
                     s = Session.collect(events).stats
                 records.append(

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from ..policies import POLICIES
+from ..policies import POLICIES, Full, evicts
 from ..runtime import Engine
 from ..session import default_threads
 from . import maps, tasks, texts
@@ -98,7 +98,7 @@ def _quality(
     reference_summary: dict[str, str] = {}
     for policy in cfg.policies:
         mode = "off" if POLICIES[policy].needs_attention else "auto"
-        budgets = cfg.budget_cells() if policy != "full" else [cfg.length]
+        budgets = cfg.budget_cells() if evicts(policy) else [cfg.length]
         for budget in budgets:
             base = {
                 "experiment": "quality",
@@ -130,7 +130,7 @@ def _quality(
             step(f"{policy} budget={budget} fidelity")
             if mode not in reference_logp:
                 reference_logp[mode], _, _ = tasks.continuation_logprobs(
-                    engine, "full", 0, fid_doc, fid_cont, flash_attn=mode
+                    engine, Full.name, 0, fid_doc, fid_cont, flash_attn=mode
                 )
             emit(
                 {
@@ -144,7 +144,7 @@ def _quality(
             step(f"{policy} budget={budget} summary")
             if mode not in reference_summary:
                 reference_summary[mode], _ = tasks.summary(
-                    engine, "full", 0, cfg.length, summary_doc, cfg.summary_tokens, mode
+                    engine, Full.name, 0, cfg.length, summary_doc, cfg.summary_tokens, mode
                 )
             text, record = tasks.summary(
                 engine, policy, budget, cfg.length, summary_doc, cfg.summary_tokens
@@ -174,7 +174,7 @@ def _scaling(
                 {
                     "experiment": "scaling",
                     "policy": policy,
-                    "budget_tokens": cfg.scale_budget if policy != "full" else length,
+                    "budget_tokens": cfg.scale_budget if evicts(policy) else length,
                     "length": length,
                     **rec,
                 }
@@ -204,7 +204,7 @@ def _scaling(
 
 
 def steps_total(cfg: BenchConfig) -> int:
-    n_budget_rows = sum(len(cfg.budget_cells()) if p != "full" else 1 for p in cfg.policies)
+    n_budget_rows = sum(len(cfg.budget_cells()) if evicts(p) else 1 for p in cfg.policies)
     quality = n_budget_rows * (cfg.trials * cfg.depths * 2 + 2)
     return quality + len(cfg.lengths) * (len(cfg.policies) + 2) + 1
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..monitor import MemoryMonitor
+from ..policies import evicts
 from ..prompts import Prompt, summary_prompt
 from ..runtime import Engine
 from ..stats import Done, Event, KVStats
@@ -104,7 +105,7 @@ def _drain(events: Iterator[Event], monitor: MemoryMonitor) -> Done:
 def _budget_for(policy: str, budget: int, length: int, extra: int = 96) -> int:
     """The full cache is the reference: a budget for the whole input plus the prompt's
     frame and the generated tokens (llama.cpp rounds caches up to 256 cells)."""
-    return budget if policy != "full" else length + extra
+    return budget if evicts(policy) else length + extra
 
 
 def passkey(

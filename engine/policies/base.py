@@ -74,6 +74,11 @@ class Policy(ABC):
     recent: int = 32
 
     name: ClassVar[str] = "policy"
+    """The policy's name on the command line, in the API and in results."""
+    label: ClassVar[str] = "Policy"
+    """Its display name (settings panel, status line, reports)."""
+    help: ClassVar[str] = ""
+    """One line: what it keeps, and the paper it comes from."""
     needs_attention: ClassVar[bool] = True
     evicts: ClassVar[bool] = True
     query_rows: ClassVar[int | None] = None

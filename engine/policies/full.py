@@ -18,6 +18,10 @@ class Full(Policy):
     recent: int = 0
 
     name: ClassVar[str] = "full"
+    label: ClassVar[str] = "Full cache"
+    help: ClassVar[str] = (
+        "Keeps every token; fails clearly when the input does not fit the budget (the baseline)."
+    )
     needs_attention: ClassVar[bool] = False
     evicts: ClassVar[bool] = False
 

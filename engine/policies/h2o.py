@@ -27,6 +27,11 @@ class H2O(Policy):
     recent_ratio: float = 0.5
 
     name: ClassVar[str] = "h2o"
+    label: ClassVar[str] = "H2O"
+    help: ClassVar[str] = (
+        "Heavy hitters by attention accumulated over every query so far, plus a recent "
+        "window (Zhang et al. 2023, H2O)."
+    )
     query_rows: ClassVar[int | None] = None
 
     _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)

@@ -30,6 +30,11 @@ class SnapKV(Policy):
     kernel: int = 7
 
     name: ClassVar[str] = "snapkv"
+    label: ClassVar[str] = "SnapKV"
+    help: ClassVar[str] = (
+        "Tokens the last queries, or the question, vote for, max-pooled over neighbours "
+        "(Li et al. 2024, SnapKV)."
+    )
     query_rows: ClassVar[int | None] = 32
 
     _rows: deque[Observation] = field(default_factory=deque, repr=False)

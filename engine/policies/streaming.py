@@ -23,6 +23,11 @@ class StreamingLLM(Policy):
     recent: int = 0
 
     name: ClassVar[str] = "streaming"
+    label: ClassVar[str] = "StreamingLLM"
+    help: ClassVar[str] = (
+        "Attention sinks plus the most recent tokens, what llama.cpp's context shift "
+        "keeps (Xiao et al. 2023, StreamingLLM)."
+    )
     needs_attention: ClassVar[bool] = False
     recency_only: ClassVar[bool] = True
 

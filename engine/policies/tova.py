@@ -24,6 +24,8 @@ class TOVA(Policy):
     recent: int = 1
 
     name: ClassVar[str] = "tova"
+    label: ClassVar[str] = "TOVA"
+    help: ClassVar[str] = "Tokens the newest query attends to (Oren et al. 2024, TOVA)."
     query_rows: ClassVar[int | None] = 1
 
     _last: Observation | None = field(default=None, repr=False)

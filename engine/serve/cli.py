@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from .._argtypes import kv_options
 from ..cpu import REPACK_MODES, requested_mode
 from ..errors import ConfigError
-from ..policies import POLICIES
+from ..policies import POLICIES, help_lines
 from ..runtime import Engine
 from .guards import LOOPBACK_HOSTS, WILDCARD_ADDRESSES
 
@@ -22,7 +22,13 @@ def add_parser(sub: Any) -> None:
         description="An OpenAI-compatible server whose KV cache policy is server configuration; "
         "a request may override it with kv_policy, kv_budget or kv_keep_ratio.",
     )
-    p.add_argument("--policy", "--kv-cache-policy", choices=list(POLICIES), default="snapkv")
+    p.add_argument(
+        "--policy",
+        "--kv-cache-policy",
+        choices=list(POLICIES),
+        default="snapkv",
+        help=f"eviction policy (default: snapkv). {help_lines()}",
+    )
     p.add_argument(
         "--budget", type=int, default=2048, metavar="N", help="KV cells kept per request"
     )
