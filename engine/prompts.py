@@ -108,6 +108,32 @@ def _render_messages(template: str, model: Model, messages: list[dict[str, str]]
 _TAG = re.compile(r"\s*(<[^<>\s]{2,40}>)")
 
 
+def _answer_cue(model: Model, answer_prefix: str) -> str:
+    """``answer_prefix`` as the start of the answer: after "Answer:" with a space in a
+    plain prompt; with a chat template, as the assistant's message starts in the
+    template's own rendering (right after the generation prompt, no added space)."""
+    prefix = answer_prefix.strip()
+    if not prefix:
+        return ""
+    template = model.info.chat_template
+    return f"{_answer_lead(template, model)}{prefix}" if template else f" {prefix}"
+
+
+def _answer_lead(template: str, model: Model) -> str:
+    """The whitespace a template writes between its generation prompt and an
+    assistant message's content; usually none (the prompt ends in "model\n")."""
+    user = {"role": "user", "content": "?"}
+    mark = "\x00KVTRIM_ANSWER\x00"
+    try:
+        opened = _render_messages(template, model, [user])
+        written = _render_messages(template, model, [user, {"role": "assistant", "content": mark}])
+    except Exception:  # a template that cannot render an answer: nothing to learn
+        return ""
+    at = written.find(mark)
+    lead = written[len(opened) : at] if written.startswith(opened) and at >= len(opened) else ""
+    return lead if lead.isspace() else ""
+
+
 def turn_stops(template: str, model: Model) -> tuple[str, ...]:
     """The tag a template writes right after an assistant's message ("<end_of_turn>",
     "<|im_end|>", "<|eot_id|>"), as a stop: a model that writes it as text, or as a
@@ -168,7 +194,7 @@ def ask_prompt(
     models that would otherwise answer in general terms.
     """
     question = question.strip()
-    cue = f" {answer_prefix.strip()}" if answer_prefix.strip() else ""
+    cue = _answer_cue(model, answer_prefix)
     prompt = _split(
         model,
         "Read the document and answer the question after it.\n\n<document>\n",
@@ -213,7 +239,7 @@ def follow_up_prompt(
     (recall.py) between ``prefix`` and ``suffix``; else ``prefix`` is empty.
     """
     question = question.strip()
-    cue = f" {answer_prefix.strip()}" if answer_prefix.strip() else ""
+    cue = _answer_cue(model, answer_prefix)
     template = model.info.chat_template
     intro = f"{EXCERPT_INTRO}\n" if excerpt else ""
     outro = "\n\n" if excerpt else ""
