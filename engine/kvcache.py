@@ -91,6 +91,20 @@ class KVCache:
         self.evicted += len(gone)
         return len(gone)
 
+    def drop_tail(self, first_id: int) -> int:
+        """Remove every held token from id ``first_id`` on (the newest ones) and read
+        on from the position after the last one kept: llama.cpp wants each batch to
+        start right after the sequence's newest position. Not counted as evicted."""
+        later = self.ids >= first_id
+        if not later.any():
+            return 0
+        self.ctx.seq_rm(int(self.lpos[later].min()), -1)
+        if self.cells is not None:
+            self.cells.remove(int(self.lpos[later].min()), np.iinfo(np.int32).max)
+        self.ids, self.lpos, self.words = self.ids[~later], self.lpos[~later], self.words[~later]
+        self.next_lpos = int(self.lpos[-1]) + 1 if len(self.lpos) else 0
+        return int(later.sum())
+
     def compact(self) -> None:
         """Shift held positions down to 0..n-1, closing the holes (``seq_shift``)."""
         target = np.arange(len(self.lpos), dtype=np.int64)

@@ -417,7 +417,9 @@ class Session:
         sampling: Sampling,
         stops: tuple[str, ...] = (),
     ) -> Iterator[Event]:
-        """Generate up to ``max_tokens`` tokens after what was fed."""
+        """Generate up to ``max_tokens`` tokens after what was fed. A stop string the
+        model wrote leaves the cache again (its tokens are removed), so the next turn's
+        markup follows the answer's own text."""
         if self._logits is None:
             raise ConfigError("nothing to continue from: feed a prompt first")
         self._reserve(max_tokens)
@@ -428,6 +430,7 @@ class Session:
         start, base = time.perf_counter(), self.stats.decode_s
         reason = "length"
         self.trace.start_answer()
+        starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
         try:
             for _ in range(max_tokens):
                 token = sample(self._logits)
@@ -445,7 +448,10 @@ class Session:
                 self._decode([token], logits=True)
                 self.stats.generated_tokens += 1
                 self.stats.decode_s = base + time.perf_counter() - start
+                starts.append((self.cache.next_id - 1, len(matcher.text)))
                 text, hit = matcher.feed(utf8.decode(self.model.piece(token)))
+                if hit:
+                    self._forget_stop(starts, len(matcher.text))
                 self._sync_stats()
                 yield Token(token, text, self.stats)
                 if hit:
@@ -457,6 +463,13 @@ class Session:
         if tail:
             yield Token(-1, tail, self.stats)
         yield Done(matcher.text, reason, self.stats)
+
+    def _forget_stop(self, starts: list[tuple[int, int]], kept: int) -> None:
+        """Remove the generated tokens that begin at or after character ``kept`` of
+        the answer (the stop string and anything after it) from the cache."""
+        gone = [i for i, at in starts if at >= kept]
+        if gone:
+            self.cache.drop_tail(min(gone))
 
     def _is_stop_tag(self, token: int, tags: set[str]) -> bool:
         """A control token whose text is a stop (a turn end the GGUF does not list
@@ -543,12 +556,7 @@ class Session:
         """Undo a turn stopped while it was read (cancel, error): its tokens leave
         the cache, which ends again at the last answer, whose logits are kept."""
         self.cache.drop_scratch()
-        later = self.cache.ids >= turn_id
-        if later.any():
-            removed = self.cache.keep_only(self.cache.ids[~later])
-            self.cache.evicted -= removed
-            if self.config.positions == "compact":
-                self.cache.compact()
+        self.cache.drop_tail(turn_id)
         self._recall_ids = self._recall_src = np.zeros(0, dtype=np.int64)
         self._sync_stats()
 
