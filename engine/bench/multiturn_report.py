@@ -98,10 +98,11 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    n_docs = len({r["doc"] for r in result["records"]})  # a run stopped early has fewer
     lines = [
         "# Multi-turn: a summary, then questions about planted facts",
         "",
-        f"`{result['command']}` on {result['model']}: {cfg['docs']} documents of about "
+        f"`{result['command']}` on {result['model']}: {n_docs} documents of about "
         f"{cfg['doc_tokens']} tokens of real text, 4 facts each (a number, a code, a name, "
         "a room number at depths 0.2-0.8); a summary first, then one question per fact, "
         "greedy. `followup`: the cache after the summary plus what recall brings back; "
