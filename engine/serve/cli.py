@@ -117,8 +117,9 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Checks every option, then loads the model and serves until stopped."""
     import uvicorn
 
-    from .api import ServerConfig, create_app
+    from .api import create_app
     from .background import Server
+    from .config import ServerConfig
 
     check_options(args)
     config = ServerConfig(

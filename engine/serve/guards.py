@@ -51,6 +51,24 @@ def host_name(header: str | None) -> str | None:
     return name.rstrip(".")
 
 
+def allowed_names(allowed: Iterable[str]) -> frozenset[str]:
+    """Host names as ``host_allowed`` compares them: lower case, no IPv6 brackets
+    or trailing dot."""
+    return frozenset(name.strip("[]").lower().rstrip(".") for name in allowed)
+
+
+def host_allowed(header: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a Host header names one of ``allowed`` (see ``allowed_names``);
+    ``"*"`` allows any, even a missing or malformed header."""
+    return "*" in allowed or host_name(header) in allowed
+
+
+def key_matches(authorization: str, key: bytes) -> bool:
+    """Whether an Authorization header is ``Bearer <key>`` (compared in constant time)."""
+    given = authorization.removeprefix("Bearer ").strip().encode()
+    return secrets.compare_digest(given, key)
+
+
 class HostCheck:
     """Answers 400 unless the Host header names an allowed host (``"*"``
     allows any): a web page reached through DNS rebinding sends its own name,
@@ -60,13 +78,13 @@ class HostCheck:
         self, app: ASGIApp, allowed: Iterable[str], on_refuse: OnRefuse | None = None
     ) -> None:
         self.app = app
-        self.allowed = {name.strip("[]").lower().rstrip(".") for name in allowed}
+        self.allowed = allowed_names(allowed)
         self.on_refuse = on_refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and "*" not in self.allowed:
+        if scope["type"] == "http":
             header = Headers(scope=scope).get("host")
-            if host_name(header) not in self.allowed:
+            if not host_allowed(header, self.allowed):
                 if self.on_refuse is not None:
                     self.on_refuse("invalid_host")
                 message = f"this server does not answer to the host {header!r}"
@@ -86,8 +104,7 @@ class KeyCheck:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             header = Headers(scope=scope).get("authorization", "")
-            given = header.removeprefix("Bearer ").strip().encode()
-            if not secrets.compare_digest(given, self.key):
+            if not key_matches(header, self.key):
                 if self.on_refuse is not None:
                     self.on_refuse("authentication")
                 message = "Incorrect API key provided."

@@ -1,0 +1,71 @@
+"""``ServerConfig``: the server's defaults and limits, checked when made, before
+``kvtrim serve`` loads a model or builds the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..policies import POLICIES, make_policy
+from .guards import LOOPBACK_HOSTS
+from .schemas import MAX_TOKENS
+
+MIN_BUDGET = 16  # the engine's smallest cache (session.MIN_CHUNK)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server's defaults and limits; a request may override policy, budget
+    (up to ``max_kv_budget``) and keep ratio. Checked when made: a bad setting
+    raises ``ConfigError`` (``kvtrim serve`` reports it before loading the model)."""
+
+    policy: str = "snapkv"
+    budget_tokens: int = 2048
+    keep_ratio: float | None = None  # budget = ratio x prompt tokens, at most budget_tokens
+    api_key: str | None = None
+    max_queue: int = 16
+    max_prompt_tokens: int = 262_144
+    max_tokens: int = 256  # chat default when the request sets none
+    max_kv_budget: int | None = None  # a request's kv_budget at most; None: budget_tokens
+    max_body_bytes: int = 16 * 2**20
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header names; "*" allows any
+
+    def __post_init__(self) -> None:
+        for ok, message in self._checks():
+            if not ok:
+                raise ConfigError(message)
+        policy = make_policy(self.policy)
+        if policy.evicts and self.budget_tokens < policy.protected(self.budget_tokens) + 1:
+            raise ConfigError(
+                f"--budget {self.budget_tokens} is too small for {self.policy}: it keeps "
+                f"{policy.protected(self.budget_tokens)} sink and recent tokens"
+            )
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        budget, ratio, limit = self.budget_tokens, self.keep_ratio, self.max_kv_budget
+        return [
+            (self.policy in POLICIES, f"--policy must be one of {', '.join(POLICIES)}"),
+            (budget >= MIN_BUDGET, f"--budget must be at least {MIN_BUDGET}, got {budget}"),
+            (ratio is None or 0 < ratio <= 1, f"--keep-ratio must be in (0, 1], got {ratio}"),
+            (self.api_key is None or bool(self.api_key.strip()), "--api-key is empty"),
+            (self.max_queue >= 1, f"--max-queue must be at least 1, got {self.max_queue}"),
+            (
+                self.max_prompt_tokens >= 1,
+                f"--max-prompt-tokens must be at least 1, got {self.max_prompt_tokens}",
+            ),
+            (
+                1 <= self.max_tokens <= MAX_TOKENS,
+                f"--max-tokens must be in 1..{MAX_TOKENS}, got {self.max_tokens}",
+            ),
+            (
+                limit is None or limit >= budget,
+                f"--max-kv-budget ({limit}) must be at least --budget ({budget})",
+            ),
+            (self.max_body_bytes >= 1024, "--max-body-mb must be at least 1 KiB"),
+            (bool(self.allowed_hosts), "allowed_hosts is empty: no request could be answered"),
+        ]
+
+    @property
+    def kv_budget_limit(self) -> int:
+        """The largest ``kv_budget`` a request may ask for."""
+        return self.max_kv_budget or self.budget_tokens
