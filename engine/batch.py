@@ -7,7 +7,8 @@ and skipped; the rest complete.
 A file in a folder keeps its path under that folder (``notes/a/x.txt`` becomes
 ``summaries/a/x.txt.md``); names that would still collide get ``-2``, ``-3``.
 Each summary is written atomically as soon as it is done, so a failure later
-(a full disk) loses none that finished.
+(a full disk) loses none that finished. Every file's session is opened with the
+same ``RunSettings`` as a single file's (run_settings.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path, PurePath
 
 from .documents import SUFFIXES, load_document
 from .errors import Cancelled, KvtrimError, OutputError
+from .run_settings import RunSettings
 from .runtime import Engine
 from .stats import Done, Event, KVStats
 
@@ -155,15 +157,13 @@ def _markdown(item: FileSummary) -> str:
 def _summarize(
     engine: Engine,
     path: Path,
-    policy: str,
-    budget_tokens: int,
+    settings: RunSettings,
     on_event: Callable[[Path, Event], None] | None,
-    gen: dict[str, object],
 ) -> Done:
     text = load_document(path)
     done: Done | None = None
-    with engine.session(policy, budget_tokens) as session:
-        for event in session.summarize(text, **gen):
+    with settings.open(engine) as session:
+        for event in settings.summarize(session, text):
             if on_event is not None:
                 on_event(path, event)
             if isinstance(event, Done):
@@ -188,21 +188,18 @@ def summarize_many(
     engine: Engine,
     sources: Sequence[Source],
     out_dir: Path,
-    *,
-    policy: str,
-    budget_tokens: int,
+    settings: RunSettings,
     on_event: Callable[[Path, Event], None] | None = None,
-    **gen: object,
 ) -> list[FileSummary]:
-    """Summarize each source into ``out_dir/<out_name>``, writing each as it is
-    done; returns one result per source. Raises ``OutputError`` when a summary
-    cannot be written (those before it stay written)."""
+    """Summarize each source into ``out_dir/<out_name>`` with ``settings``, writing
+    each as it is done; returns one result per source. Raises ``OutputError`` when
+    a summary cannot be written (those before it stay written)."""
     prepare_out_dir(out_dir)
     results: list[FileSummary] = []
     for source in sources:
         start = time.perf_counter()
         try:
-            done = _summarize(engine, source.path, policy, budget_tokens, on_event, gen)
+            done = _summarize(engine, source.path, settings, on_event)
         except Cancelled:
             raise
         except KvtrimError as exc:  # a bad document, or one that cannot be summarized
@@ -210,7 +207,8 @@ def summarize_many(
             results.append(FileSummary(source, None, "", None, seconds, str(exc)))
             continue
         out = out_dir / source.out_name
-        item = FileSummary(source, out, done.text, done.stats, time.perf_counter() - start)
+        text = settings.answer(done.text)
+        item = FileSummary(source, out, text, done.stats, time.perf_counter() - start)
         _save(item, sum(r.out is not None for r in results))
         results.append(item)
     return results

@@ -30,8 +30,8 @@ from .models_cli import add_parser as add_models_parser
 from .models_cli import main as models_main
 from .monitor import MemoryMonitor
 from .policies import POLICIES, help_lines, make_policy
+from .run_settings import RunSettings
 from .runtime import Engine
-from .sampling import Sampling
 from .serve import cli as serve_cli
 from .session import MIN_CHUNK, Session
 from .stats import Done, Evicted, Progress, Token
@@ -248,7 +248,7 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise DocumentError(f"{names}: a directory with no documents ({', '.join(SUFFIXES)})")
     out_dir = args.out or Path("summaries")
     prepare_out_dir(out_dir)  # a bad --out fails before the model loads
-    sampling = Sampling(args.temperature, args.top_p, args.seed)
+    settings = RunSettings.from_args(args)
     bar = tqdm(total=len(sources), file=err, disable=args.json or not err.isatty(), unit="file")
 
     def progress(path: Path, event: object) -> None:
@@ -259,17 +259,7 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     with _engine(args) as engine:
         try:
-            results = summarize_many(
-                engine,
-                sources,
-                out_dir,
-                policy=args.policy,
-                budget_tokens=args.budget,
-                on_event=progress,
-                max_tokens=args.max_tokens,
-                sampling=sampling,
-                stops=args.stop,
-            )
+            results = summarize_many(engine, sources, out_dir, settings, progress)
         finally:
             bar.close()
     failed = [r for r in results if r.error]
@@ -301,28 +291,19 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return _batch(args, out, err)
         args.file = args.file[0]
     text = load_document(args.file)
-    sampling = Sampling(args.temperature, args.top_p, args.seed)
+    settings = RunSettings.from_args(args)
     monitor = MemoryMonitor()
     with _engine(args) as engine:
         if engine.model.device_note:
             err.write(f"note: {engine.model.device_note}\n")
-        session = engine.session(
-            args.policy,
-            args.budget,
-            chunk_tokens=args.chunk,
-            question_aware=not args.no_question_aware,
-            positions=args.positions,
-            flash_attn=args.flash_attn,
-        )
-        with session:
+        with settings.open(engine) as session:
             _install_sigint(session)
-            gen = dict(max_tokens=args.max_tokens, sampling=sampling, stops=args.stop)
             if args.command == "ask":
-                events = session.ask(text, args.question, answer_prefix=args.answer_prefix, **gen)
-                if not args.json and args.answer_prefix:
-                    out.write(args.answer_prefix.strip())
+                events = settings.ask(session, text, args.question)
             else:
-                events = session.summarize(text, **gen)
+                events = settings.summarize(session, text)
+            if not args.json and settings.answer_prefix:
+                out.write(settings.answer_prefix)
             show_progress = not args.json and err.isatty()
             done: Done | None = None
             for event in events:
@@ -343,14 +324,12 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     done = event
             monitor.sample()
             if args.show_kept is not None and done is not None:
-                _write_kept(args, session, engine.model_name, done.text)
+                _write_kept(args, session, engine.model_name, settings.answer(done.text))
     monitor.close()
     assert done is not None
     s = done.stats
     result = {
-        "answer": " ".join(
-            t for t in (getattr(args, "answer_prefix", "").strip(), done.text.strip()) if t
-        ),
+        "answer": settings.answer(done.text),
         "policy": s.policy,
         "budget_tokens": s.budget_tokens,
         "prompt_tokens": s.prompt_tokens,
@@ -391,16 +370,11 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:
+    """The ``--show-kept`` page; ``answer`` is the whole answer, its prefix included."""
     from .kept_html import render_html
 
     question = getattr(args, "question", "")
-    prefix = getattr(args, "answer_prefix", "").strip()
-    page = render_html(
-        session.memory_map(),
-        model=model,
-        question=question,
-        answer=f"{prefix} {answer.strip()}".strip(),
-    )
+    page = render_html(session.memory_map(), model=model, question=question, answer=answer)
     try:
         args.show_kept.write_text(page, encoding="utf-8")
     except OSError as exc:

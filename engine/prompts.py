@@ -211,10 +211,14 @@ def ask_prompt(
 
 
 def summary_prompt(
-    model: Model, document: str, instruction: str = SUMMARY_INSTRUCTION, system: str = ""
+    model: Model,
+    document: str,
+    instruction: str = SUMMARY_INSTRUCTION,
+    system: str = "",
+    answer_prefix: str = "",
 ) -> Prompt:
-    """A summary of a document."""
-    return _split(
+    """A summary of a document; ``answer_prefix`` starts it, as in ``ask_prompt``."""
+    prompt = _split(
         model,
         "<document>\n",
         f"\n</document>\n\n{instruction}",
@@ -222,6 +226,7 @@ def summary_prompt(
         document,
         system,
     )
+    return replace(prompt, suffix=prompt.suffix + _answer_cue(model, answer_prefix))
 
 
 EXCERPT_INTRO = "From the document:"

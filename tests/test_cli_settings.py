@@ -1,0 +1,204 @@
+"""Every ``kvtrim ask``/``summarize`` option reaches every session: ``summarize
+--out`` with several files opens each file's session with the same settings as a
+single file (issue 14). A recording fake engine, no model; one short real run."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from docs_for_tests import prose
+
+from engine import cli
+from engine.prompts import Prompt
+from engine.run_settings import RunSettings
+from engine.sampling import Sampling
+from engine.stats import Done, KVStats
+
+OPTIONS = [
+    "--policy", "h2o",
+    "--budget", "512",
+    "--chunk", "64",
+    "--positions", "original",
+    "--no-question-aware",
+    "--flash-attn", "off",
+    "--kv-type", "q8_0",
+    "--swa-cache", "full",
+    "--answer-prefix", "  In short,  ",
+    "--max-tokens", "7",
+    "--temperature", "0.5",
+    "--top-p", "0.9",
+    "--seed", "3",
+    "--stop", "END",
+    "--stop", "STOP",
+    "--threads", "1",
+]  # fmt: skip
+SESSION = {
+    "chunk_tokens": 64,
+    "question_aware": False,
+    "positions": "original",
+    "flash_attn": "off",
+    "kv_type": "q8_0",
+    "swa_cache": "full",
+    "whole_words": True,
+}
+ENGINE = {"kv_type": "q8_0", "swa_cache": "full", "n_threads": 1}  # cli._engine's
+GENERATION = {"max_tokens": 7, "sampling": Sampling(0.5, 0.9, 3), "stops": ["END", "STOP"]}
+# options that are not a session's: the model (for both paths, cli._engine) and output
+ELSEWHERE = {"file", "out", "json", "show_kept", "verbose", "model", "gpu_layers", "repack"}
+ELSEWHERE |= {"threads"}
+
+
+class FakeSession:
+    def __init__(self, log: dict[str, Any], policy: str, budget: int) -> None:
+        self.log, self.policy, self.budget = log, policy, budget
+        self.model = SimpleNamespace(info=SimpleNamespace(chat_template=None), add_bos=True)
+
+    def __enter__(self) -> FakeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+    def _done(self) -> Any:
+        stats = KVStats(self.policy, self.budget, 256, 1024, tokens_seen=100, prompt_tokens=100)
+        yield Done("a summary.", "stop", stats)
+
+    def summarize(self, document: str, **gen: Any) -> Any:
+        self.log["runs"].append(("summarize", None, gen))
+        return self._done()
+
+    def ask(self, document: str, question: str, *, answer_prefix: str = "", **gen: Any) -> Any:
+        self.log["runs"].append(("ask", answer_prefix, gen))
+        return self._done()
+
+    def run(self, prompt: Prompt, **gen: Any) -> Any:
+        self.log["runs"].append(("run", prompt.suffix, gen))
+        return self._done()
+
+
+def fake_engine(log: dict[str, Any]) -> type:
+    class FakeEngine:
+        model_name = "fake"
+        model = SimpleNamespace(
+            device_note=None, cpu_path=SimpleNamespace(describe=lambda: "cpu", repack="off")
+        )
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            log["engines"].append(kw)
+
+        def __enter__(self) -> FakeEngine:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def session(self, policy: str, budget: int, **kw: Any) -> FakeSession:
+            log["sessions"].append((policy, budget, kw))
+            return FakeSession(log, policy, budget)
+
+    return FakeEngine
+
+
+@pytest.fixture
+def log(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    record: dict[str, Any] = {"engines": [], "sessions": [], "runs": []}
+    monkeypatch.setattr(cli, "Engine", fake_engine(record))
+    return record
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> list[Path]:
+    paths = [tmp_path / "a.txt", tmp_path / "b.md"]
+    for i, p in enumerate(paths):
+        p.write_text(prose(5, seed=i))
+    return paths
+
+
+def _main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_summarize_out_passes_every_option_to_every_file(log, docs, tmp_path):
+    code, _, err = _main("summarize", str(docs[0]), "--json", *OPTIONS)
+    assert code == 0, err
+    single = (log["engines"].pop(), log["sessions"].pop(), log["runs"].pop())
+
+    out_dir = tmp_path / "out"
+    code, _, err = _main("summarize", *map(str, docs), "--out", str(out_dir), *OPTIONS)
+    assert code == 0, err
+    assert len(log["sessions"]) == len(log["runs"]) == 2
+    (engine_kw,) = log["engines"]  # one model for every file
+    assert engine_kw == single[0]
+    assert engine_kw.items() >= ENGINE.items()
+    for session, run in zip(log["sessions"], log["runs"], strict=True):
+        assert (session, run) == single[1:]  # the same settings as a single file
+    assert session == ("h2o", 512, SESSION)
+    kind, suffix, gen = run
+    assert kind == "run" and suffix.endswith("In summary, In short,") and gen == GENERATION
+    summary = (out_dir / "a.txt.md").read_text()
+    assert summary.startswith("# a.txt\n\nIn short, a summary.\n") and "h2o, budget 512" in summary
+
+
+def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
+    code, out, _ = _main("summarize", str(docs[0]), "--json")
+    assert code == 0 and json.loads(out)["answer"] == "a summary."
+    assert _main("summarize", *map(str, docs), "--out", str(tmp_path / "o"))[0] == 0
+    defaults = RunSettings()
+    for policy, budget, kw in log["sessions"]:
+        assert (policy, budget, kw) == ("snapkv", 1024, defaults.session_options())
+    for kind, _, gen in log["runs"]:
+        assert kind == "summarize" and gen == defaults.generation()
+    assert len(log["runs"]) == 3
+
+
+def test_ask_passes_the_answer_prefix_and_every_option(log, docs):
+    code, out, err = _main("ask", str(docs[0]), "-q", "Who?", "--json", *OPTIONS)
+    assert code == 0, err
+    assert log["sessions"] == [("h2o", 512, SESSION)]
+    assert log["runs"] == [("ask", "In short,", GENERATION)]
+    assert json.loads(out)["answer"] == "In short, a summary."
+
+
+def test_every_run_option_is_read_into_the_settings():
+    """An option added to ask/summarize must reach RunSettings (or be listed here)."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    summarize = sub.choices["summarize"]
+    dests = {a.dest for a in summarize._actions} - {"help"}
+    args = cli.parse_args(["summarize", "x.txt", *OPTIONS])
+    read: set[str] = set()
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            read.add(name)
+            return getattr(args, name)
+
+    settings = RunSettings.from_args(Spy())  # type: ignore[arg-type]
+    assert dests - read == ELSEWHERE
+    assert settings.session_options() == SESSION and settings.generation() == GENERATION
+    assert settings.answer_prefix == "In short," and settings.answer(" text ") == "In short, text"
+
+
+def test_a_real_batch_with_options(tmp_path):
+    """The real engine takes every keyword; the summary starts with the prefix."""
+    doc = tmp_path / "a.txt"
+    doc.write_text(prose(40, seed=5))
+    out_dir = tmp_path / "out"
+    argv = ["summarize", str(doc), "--out", str(out_dir), "--budget", "128", "--chunk", "32"]
+    argv += ["--positions", "original", "--kv-type", "q8_0", "--answer-prefix", "In short,"]
+    code, out, err = _main(*argv, "--max-tokens", "3", "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["error"] is None and row["prompt_tokens"] > 128
+    assert (out_dir / "a.txt.md").read_text().startswith("# a.txt\n\nIn short,")
