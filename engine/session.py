@@ -718,6 +718,11 @@ class Session:
                 f"the input does not fit the {self.capacity}-token budget and policy 'full' "
                 "never evicts; raise --budget or choose an eviction policy"
             )
+        spare = self.ctx.n_ctx - self.cache.n_used
+        if window and spare < len(window):
+            # no free cells for the question to vote from (an answer filled the cache):
+            # make them by the policy's own scores first
+            yield from self._evict([], target=max(1, self.cache.n_used - len(window) + spare))
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
         self.policy.last_scored = None

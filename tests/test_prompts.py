@@ -30,7 +30,7 @@ def test_instruction_model_gets_its_chat_template(engine):
     assert p.document == "THE DOCUMENT"
     assert p.suffix.endswith("Question: What is the pass key?<end_of_turn>\n<start_of_turn>model\n")
     assert not p.add_bos, "the template already writes <bos>"
-    assert p.stops == ()
+    assert p.stops == ("<end_of_turn>",)  # the template's turn end (prompts.turn_stops)
 
 
 def test_system_prompt_and_follow_up_turns(engine):

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from engine import Cancelled, Engine, Recalled, Session, Token
+from engine import Cancelled, Engine, Recalled, Sampling, Session, Token
 from engine.bench import multiturn
 from engine.kvmemory import pad
 from engine.recall import Recall, words
@@ -150,3 +150,22 @@ def test_cancelled_follow_up_is_rolled_back_and_the_chat_goes_on(
         assert s.ctx.pos_max() == s.cache.next_lpos - 1  # llama.cpp agrees
         answer, _ = _ask(s, facts[0])
         assert facts[0].hit(answer)
+
+
+def test_follow_up_after_an_answer_that_filled_the_cache(
+    engine: Engine, conversation_doc: tuple[str, list[multiturn.Fact]]
+) -> None:
+    """The question needs free cells to vote from; an answer that filled the cache to
+    its last cell left none (found by the benchmark: "no free KV cell")."""
+    doc, facts = conversation_doc
+    with engine.session("h2o", 192) as s:  # budget + chunk = 256 cells: no rounding slack
+        _summarize(s, doc)
+        for _ in range(4):
+            if s.cache.n_used >= s.capacity:
+                break
+            room = s.capacity - s.cache.n_used
+            for _ in s.generate(max_tokens=room, sampling=Sampling(), stops=()):
+                pass
+        assert s.cache.n_used == s.capacity == s.ctx.n_ctx
+        answer, _ = _ask(s, facts[0])
+        assert answer.strip()
