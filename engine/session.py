@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._context import NativeContext
-from .capture import AttentionCapture
+from .capture import AttentionCapture, Captured
 from .errors import Cancelled, ConfigError, ContextOverflowError
 from .kvcache import KVCache
 from .kvmemory import KV_TYPES, SWA_CACHES, pad
@@ -655,27 +655,42 @@ class Session:
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
-        rows = 0
-        if self.capture is not None:
-            rows = n if self.policy.query_rows is None else self.policy.query_rows
-            self.capture.arm(n, rows, visibility=True)
-        self.ctx.decode(tokens, self.cache.next_lpos, logits=logits, every=every)
         pos0 = self.cache.next_lpos
-        if self.capture is not None:
-            got = self.capture.take()
-            self.stats.capture_s += got.seconds
+        if self.capture is None:
+            self.ctx.decode(tokens, pos0, logits=logits, every=every)
+            self.cache.appended(n, self._edges(tokens))
+        else:
+            rows = n if self.policy.query_rows is None else self.policy.query_rows
+            got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
             assert self.cache.cells is not None and got.visible is not None
             self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
             self.cache.appended(n, self._edges(tokens))
             if got.attn is not None:
                 self.policy.observe(self._observation(got.attn))
-        else:
-            self.cache.appended(n, self._edges(tokens))
         if every:
             self._rows = self.ctx.logits_rows(n)
             self._logits = self._rows[-1]
         elif logits:
             self._logits = self.ctx.last_logits()
+
+    def _captured(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        rows: int,
+        *,
+        visibility: bool,
+        logits: bool = False,
+        every: bool = False,
+    ) -> Captured:
+        """Decode ``tokens`` at ``pos0...`` with the capture armed: the last ``rows``
+        attention rows and, with ``visibility``, the cells each row could see."""
+        assert self.capture is not None
+        self.capture.arm(len(tokens), rows, visibility=visibility)
+        self.ctx.decode(tokens, pos0, logits=logits, every=every)
+        got = self.capture.take()
+        self.stats.capture_s += got.seconds
+        return got
 
     def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool]] | None:
         if not self.config.whole_words:
@@ -698,10 +713,7 @@ class Session:
         try:
             for at in range(0, len(window), self.ctx.n_batch):
                 piece = window[at : at + self.ctx.n_batch]
-                self.capture.arm(len(piece), len(piece), visibility=False)
-                self.ctx.decode(piece, pos + at, logits=False)
-                got = self.capture.take()
-                self.stats.capture_s += got.seconds
+                got = self._captured(piece, pos + at, len(piece), visibility=False)
                 assert got.attn is not None
                 rows.append(got.attn)
         finally:
@@ -725,12 +737,11 @@ class Session:
             yield from self._evict([], target=max(1, self.cache.n_used - len(window) + spare))
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
-        self.policy.last_scored = None
         words = self.cache.words if self.config.whole_words else None
         keep = self.policy.keep(self.cache.ids, target or self.budget, query, words)
-        if self.policy.last_scored is not None:
-            self.trace.score(*self.policy.last_scored)
-        removed = self.cache.keep_only(keep)
+        if keep.scores is not None and keep.scored is not None:
+            self.trace.score(keep.scored, keep.scores)
+        removed = self.cache.keep_only(keep.ids)
         if self.config.positions == "compact":
             self.cache.compact()
         self.stats.score_s += time.perf_counter() - start

@@ -27,7 +27,7 @@ def test_keep_respects_budget_sinks_and_recent(name):
     if policy.needs_attention:
         _observe_random(policy, ids)
     budget = 200
-    kept = policy.keep(ids, budget)
+    kept = policy.keep(ids, budget).ids
     assert len(kept) == budget
     assert np.all(np.diff(kept) > 0), "kept ids stay in order"
     assert set(kept) <= set(ids)
@@ -40,7 +40,7 @@ def test_keep_respects_budget_sinks_and_recent(name):
 def test_nothing_evicted_under_budget(name):
     policy = make_policy(name)
     ids = np.arange(50, dtype=np.int64)
-    assert np.array_equal(policy.keep(ids, 64), ids)
+    assert np.array_equal(policy.keep(ids, 64).ids, ids)
 
 
 @pytest.mark.parametrize("name", EVICTING)
@@ -51,7 +51,7 @@ def test_budget_below_protected_is_a_clear_error(name):
 
 
 def test_streaming_keeps_sinks_and_newest():
-    kept = make_policy("streaming", n_sink=4).keep(np.arange(100, dtype=np.int64), 20)
+    kept = make_policy("streaming", n_sink=4).keep(np.arange(100, dtype=np.int64), 20).ids
     assert list(kept) == [0, 1, 2, 3, *range(84, 100)]
 
 
@@ -67,7 +67,7 @@ def test_h2o_accumulates_over_every_observation():
     scores = policy.score(np.arange(11, dtype=np.int64), None)
     assert scores[2] == pytest.approx(1.0)
     assert scores[6] == pytest.approx(1.2)
-    kept = policy.keep(np.arange(11, dtype=np.int64), 4)
+    kept = policy.keep(np.arange(11, dtype=np.int64), 4).ids
     # half recent (2 newest), half heavy hitters (6 and 2)
     assert list(kept) == [2, 6, 9, 10]
 
@@ -84,7 +84,7 @@ def test_snapkv_votes_of_last_window_rows_are_pooled():
     scores = policy.score(ids, None)
     assert scores[6] == scores[7] == scores[8] == pytest.approx(2.0)  # pooled neighbours
     assert scores[15] == 0
-    kept = policy.keep(ids, 5)
+    kept = policy.keep(ids, 5).ids
     assert list(kept) == [6, 7, 8, 18, 19]
 
 
@@ -94,7 +94,7 @@ def test_question_overrides_the_window():
     _observe_random(policy, ids)
     q = np.zeros((3, 10), np.float32)
     q[:, 4] = 1.0
-    kept = policy.keep(ids, 2, Observation(ids, q))
+    kept = policy.keep(ids, 2, Observation(ids, q)).ids
     assert list(kept) == [4, 9]
 
 
@@ -105,7 +105,7 @@ def test_tova_uses_only_the_newest_row():
     attn[0, 1] = 1.0
     attn[1, 3] = 1.0
     policy.observe(Observation(ids, attn))
-    assert list(policy.keep(ids, 2)) == [3, 5]
+    assert list(policy.keep(ids, 2).ids) == [3, 5]
 
 
 def test_reset_forgets():
@@ -155,3 +155,16 @@ def test_each_class_carries_its_label_help_and_kind():
     assert label("llama-cpp-python") == "llama-cpp-python"
     with pytest.raises(ConfigError, match="unknown policy 'lru'; choose one of full"):
         policy_class("lru")
+
+
+def test_keep_returns_the_scores_that_chose():
+    """The kept ids come with the scores of every held id (no side channel)."""
+    ids = np.arange(40, dtype=np.int64)
+    policy = make_policy("snapkv", n_sink=2, recent=2, window=4, kernel=1)
+    q = np.zeros((4, 40), dtype=np.float32)
+    q[:, 10] = 1.0
+    kept = policy.keep(ids, 8, Observation(ids, q))
+    assert kept.scored is not None and kept.scores is not None
+    assert np.array_equal(kept.scored, ids) and len(kept.scores) == 40
+    assert 10 in kept.ids and kept.scores[10] == kept.scores.max()
+    assert policy.keep(ids, 64).scores is None  # everything fits: nothing scored

@@ -27,9 +27,9 @@ def test_keep_takes_a_number_whole():
     words[100:105] = 100
     policy = make_policy("snapkv", n_sink=4, recent=32, kernel=7)
     budget = 4 + 32 + 7  # room for the pooled window and nothing more
-    without = set(policy.keep(ids, budget, query).tolist())
+    without = set(policy.keep(ids, budget, query).ids.tolist())
     assert 104 not in without and {100, 101, 102, 103} <= without
-    with_words = set(policy.keep(ids, budget, query, words).tolist())
+    with_words = set(policy.keep(ids, budget, query, words).ids.tolist())
     assert set(range(100, 105)) <= with_words
     assert len(with_words) == budget
 

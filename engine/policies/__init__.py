@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Observation, Policy
+from .base import KeepSet, Observation, Policy
 from .full import Full
 from .h2o import H2O
 from .snapkv import SnapKV
@@ -71,6 +71,7 @@ __all__ = [
     "POLICIES",
     "TOVA",
     "Full",
+    "KeepSet",
     "Observation",
     "Policy",
     "SnapKV",

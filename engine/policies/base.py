@@ -10,7 +10,7 @@ budget by score. The engine alone turns the kept ids into KV calls.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +29,16 @@ class Observation:
 
     ids: np.ndarray
     attn: np.ndarray
+
+
+@dataclass(frozen=True)
+class KeepSet:
+    """What ``Policy.keep`` chose: the kept ``ids`` (in id order) and, when it scored,
+    the ``scores`` it gave each held id (``scored``), for the memory map."""
+
+    ids: np.ndarray
+    scored: np.ndarray | None = None
+    scores: np.ndarray | None = None
 
 
 def realign(values: np.ndarray, src_ids: np.ndarray, dst_ids: np.ndarray) -> np.ndarray:
@@ -85,10 +95,6 @@ class Policy(ABC):
     """Trailing query rows of each decode to observe (None: all rows)."""
     recency_only: ClassVar[bool] = False
     """Whether the score is only recency (what it keeps beyond the sinks is a recent window)."""
-    last_scored: tuple[np.ndarray, np.ndarray] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    """``(ids, scores)`` of the latest ``keep`` that scored, for the memory map."""
 
     def __post_init__(self) -> None:
         if self.n_sink < 0 or self.recent < 0:
@@ -122,12 +128,13 @@ class Policy(ABC):
         budget: int,
         query: Observation | None = None,
         words: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """The ids to keep: at most ``budget`` of ``ids``. ``words`` (the word each
-        held token belongs to, see ``word_max``) makes words kept or evicted whole."""
+    ) -> KeepSet:
+        """The ids to keep: at most ``budget`` of ``ids``, with the scores that chose
+        them. ``words`` (the word each held token belongs to, see ``word_max``) makes
+        words kept or evicted whole."""
         n = len(ids)
         if n <= budget:
-            return ids
+            return KeepSet(ids)
         recent = self.recent_for(budget)
         if budget < self.n_sink + recent:
             raise ConfigError(
@@ -141,10 +148,9 @@ class Policy(ABC):
         scores = np.asarray(self.score(ids, query), dtype=np.float64)
         if words is not None and not self.recency_only:
             scores = word_max(scores, words)
-        self.last_scored = (ids, scores)
         candidates = np.flatnonzero(~must)
         # stable sort on -score: among equal scores the later token wins
         order = np.argsort(-scores[candidates][::-1], kind="stable")
         chosen = candidates[::-1][order[:free]]
         must[chosen] = True
-        return ids[must]
+        return KeepSet(ids[must], ids, scores)
