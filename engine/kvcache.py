@@ -77,8 +77,9 @@ class KVCache:
         if self.cells is not None:
             self.cells.remove(self.next_lpos, np.iinfo(np.int32).max)
 
-    def keep_only(self, keep_ids: np.ndarray) -> int:
-        """Remove every held token whose id is not in ``keep_ids``; return how many."""
+    def keep_only(self, keep_ids: np.ndarray, *, evicted: bool = True) -> int:
+        """Remove every held token whose id is not in ``keep_ids``; return how many.
+        ``evicted``: count them as evicted (False for a copy that is dropped)."""
         mask = np.isin(self.ids, keep_ids, assume_unique=True)
         gone = self.lpos[~mask]
         for p0, p1 in _runs(gone):
@@ -88,7 +89,8 @@ class KVCache:
         self.ids = self.ids[mask]
         self.lpos = self.lpos[mask]
         self.words = self.words[mask]
-        self.evicted += len(gone)
+        if evicted:
+            self.evicted += len(gone)
         return len(gone)
 
     def drop_tail(self, first_id: int) -> int:

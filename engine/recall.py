@@ -100,6 +100,7 @@ class Recall:
         scores = self.scores(question)
         n = len(self.tokens)
         taken = np.zeros(n, dtype=bool)
+        count = 0  # tokens taken
         best: dict[int, float] = {}
         for w in np.argsort(-scores, kind="stable"):
             if scores[w] <= 0:
@@ -109,9 +110,10 @@ class Recall:
             if held[s:e].all():
                 continue
             new = int((~taken[s:e]).sum())
-            if int(taken.sum()) + new > limit:
+            if count + new > limit:
                 continue
             taken[s:e] = True
+            count += new
             best[s] = max(best.get(s, 0.0), float(scores[w]))
         return self._runs(taken, best)
 

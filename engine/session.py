@@ -11,6 +11,7 @@ again. Work is reported as events (see stats.py) from generators.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -253,25 +254,25 @@ class Session:
         self._drop_recall()
         plain = follow_up_prompt(self.model, question, answer_prefix)
         tail = self.model.tokenize(plain.suffix, markup=plain.suffix_markup)
-        excerpts, prompt = [], plain
+        excerpts, prompt, head = [], plain, []
         answer = min(max_tokens, self.config.chunk())  # a longer answer evicts as it goes
         room = self._recall_room(len(tail), answer)
         if room > 0:
             excerpts = self._pick(question, tail, room, answer)
         if excerpts:
             prompt = follow_up_prompt(self.model, question, answer_prefix, excerpt=True)
-        head = self.model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
-        tail = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
-        body, src, text = self._excerpt_tokens(excerpts)
+            head = self.model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
+            tail = self.model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+        body, src, texts = self._excerpt_tokens(excerpts)
         self.trace.add("turn", prompt.prefix, head)
         first = self.trace.n_ids
-        self.trace.add("recalled", text, body)
+        self.trace.add("recalled", EXCERPT_GAP.join(texts), body)
         self.trace.add("turn", prompt.suffix, tail)
         if body:
             self._recall_ids = np.arange(first, first + len(body), dtype=np.int64)
             self._recall_src = src
             self.stats.recalled_tokens = int((src >= 0).sum())
-            yield Recalled(tuple(self._excerpt_texts(excerpts)), len(body), self.stats)
+            yield Recalled(tuple(texts), len(body), self.stats)
         turn_id, answered = self.cache.next_id, False
         try:
             yield from self.feed(head + body + tail, observe=tail, logits=True)
@@ -567,8 +568,7 @@ class Session:
         held = np.isin(self.cache.ids, gone)
         if not held.any():
             return
-        removed = self.cache.keep_only(self.cache.ids[~held])
-        self.cache.evicted -= removed  # not an eviction: the copy is dropped
+        self.cache.keep_only(self.cache.ids[~held], evicted=False)  # a copy, not the text
         if self.config.positions == "compact":
             self.cache.compact()
         self._sync_stats()
@@ -581,10 +581,14 @@ class Session:
         spare = self.capacity - n_turn - max_tokens - self.budget // 2 - 8
         return max(0, min(self.config.recall(), spare - self._excerpt_frame(spare)))
 
+    @functools.cached_property
+    def _gap(self) -> list[int]:
+        """The tokens of ``EXCERPT_GAP``, put between two excerpts."""
+        return self.model.tokenize(EXCERPT_GAP)
+
     def _excerpt_frame(self, room: int) -> int:
         """Tokens around ``room`` excerpt tokens: the intro and the gaps between them."""
-        gap = len(self.model.tokenize(EXCERPT_GAP))
-        return 8 + gap * max(1, room // (RECALL_WINDOW // 2))
+        return 8 + len(self._gap) * max(1, room // (RECALL_WINDOW // 2))
 
     def _pick(self, question: str, tail: list[int], room: int, max_tokens: int) -> list[Excerpt]:
         """Make room for ``room`` excerpt tokens, the turn and the answer (evicting
@@ -604,29 +608,24 @@ class Session:
         held = np.isin(ids, self.cache.ids)
         return self._recall.pick(question, held, room)
 
-    def _excerpt_tokens(self, excerpts: list[Excerpt]) -> tuple[list[int], np.ndarray, str]:
+    def _excerpt_tokens(self, excerpts: list[Excerpt]) -> tuple[list[int], np.ndarray, list[str]]:
         """The excerpts' tokens joined by ``EXCERPT_GAP``, the document id each copies
-        (-1 for the gaps), and their text for the memory map."""
-        if not excerpts:
-            return [], np.zeros(0, dtype=np.int64), ""
-        assert self._document is not None
-        first, tokens = self._document
-        gap = self.model.tokenize(EXCERPT_GAP)
+        (-1 for the gaps), and each excerpt's text."""
         body: list[int] = []
         src: list[int] = []
+        texts: list[str] = []
+        if not excerpts:
+            return body, np.zeros(0, dtype=np.int64), texts
+        assert self._document is not None
+        first, tokens = self._document
         for i, e in enumerate(excerpts):
             if i:
-                body += gap
-                src += [-1] * len(gap)
+                body += self._gap
+                src += [-1] * len(self._gap)
             body += tokens[e.start : e.stop]
             src += range(first + e.start, first + e.stop)
-        text = EXCERPT_GAP.join(self._excerpt_texts(excerpts))
-        return body, np.asarray(src, dtype=np.int64), text
-
-    def _excerpt_texts(self, excerpts: list[Excerpt]) -> list[str]:
-        assert self._document is not None
-        _, tokens = self._document
-        return [self.model.detokenize(tokens[e.start : e.stop]) for e in excerpts]
+            texts.append(self.model.detokenize(tokens[e.start : e.stop]))
+        return body, np.asarray(src, dtype=np.int64), texts
 
     def _apply_shifts(self) -> None:
         """llama.cpp applies position shifts at the next decode and does not save them:
