@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..policies import POLICIES, evicts
@@ -174,26 +175,28 @@ def _robustness(cfg: BenchConfig, out_dir: Path, out: TextIO, err: TextIO) -> in
     return 0
 
 
-def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def _part(
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    name: str,
+    configure: Callable[[], Any],
+    module: Any,
+    report: Any,
+) -> int:
+    """One part of the benchmark that writes ``OUT/<name>.json``: ``configure()`` builds
+    its config (before the model loads, so a bad option fails at once), ``module.run``
+    measures, ``report`` writes ``<name>.md`` and judges the targets. With
+    ``--report-only`` the JSON is read back instead."""
     import json
 
     from ..runtime import Engine
-    from . import kvmem, kvmem_report
 
-    path = args.out / "kvmem.json"
+    path = args.out / f"{name}.json"
     if args.report_only:
         result = json.loads(path.read_text())
     else:
-        cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
-        if args.lengths is not None:
-            cfg.lengths = args.lengths
-        if args.depths is not None:
-            cfg.depths = args.depths
-        if args.parts is not None:
-            bad = [p for p in args.parts if p not in kvmem.PARTS]
-            if bad:
-                raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(kvmem.PARTS)}")
-            cfg.parts = args.parts
+        cfg = configure()
 
         def step(label: str) -> None:
             err.write(label + "\n")
@@ -201,52 +204,63 @@ def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
         command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         with Engine(args.model, n_threads=args.threads) as engine:
-            result = kvmem.run(cfg, engine, args.out, step, command)
-    report_path = kvmem_report.write(result, args.out)
-    for name, measured, ok in kvmem_report.targets(result):
-        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+            result = module.run(cfg, engine, args.out, step, command)
+    report_path = report.write(result, args.out)
+    for target, measured, ok in report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {target}: {measured}\n")
     out.write(f"wrote {path} and {report_path}\n")
     return 0
+
+
+def _kvmem_config(args: argparse.Namespace) -> Any:
+    from . import kvmem
+
+    cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
+    if args.lengths is not None:
+        cfg.lengths = args.lengths
+    if args.depths is not None:
+        cfg.depths = args.depths
+    if args.parts is not None:
+        bad = [p for p in args.parts if p not in kvmem.PARTS]
+        if bad:
+            raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(kvmem.PARTS)}")
+        cfg.parts = args.parts
+    return cfg
+
+
+def _multiturn_config(args: argparse.Namespace) -> Any:
+    from . import multiturn
+
+    cfg = multiturn.MultiTurnConfig.quick() if args.quick else multiturn.MultiTurnConfig()
+    if args.policies is not None:
+        unknown = [p for p in args.policies if not evicts(p)]
+        if unknown:
+            raise ConfigError(f"unknown or non-evicting policy {unknown[0]!r}")
+        cfg.policies = args.policies
+    if args.budgets is not None:
+        cfg.budgets = [int(b) for b in args.budgets]
+        cfg.main_budget = cfg.budgets[-1]
+    if args.length is not None:
+        cfg.doc_tokens = args.length
+    if args.trials is not None:
+        cfg.docs = args.trials
+    if args.seed is not None:
+        cfg.seed = args.seed
+    return cfg
+
+
+def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from . import kvmem, kvmem_report
+
+    return _part(args, out, err, "kvmem", lambda: _kvmem_config(args), kvmem, kvmem_report)
 
 
 def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    import json
-
-    from ..runtime import Engine
     from . import multiturn, multiturn_report
 
-    path = args.out / "multiturn.json"
-    if args.report_only:
-        result = json.loads(path.read_text())
-    else:
-        cfg = multiturn.MultiTurnConfig.quick() if args.quick else multiturn.MultiTurnConfig()
-        if args.policies is not None:
-            unknown = [p for p in args.policies if not evicts(p)]
-            if unknown:
-                raise ConfigError(f"unknown or non-evicting policy {unknown[0]!r}")
-            cfg.policies = args.policies
-        if args.budgets is not None:
-            cfg.budgets = [int(b) for b in args.budgets]
-            cfg.main_budget = cfg.budgets[-1]
-        if args.length is not None:
-            cfg.doc_tokens = args.length
-        if args.trials is not None:
-            cfg.docs = args.trials
-        if args.seed is not None:
-            cfg.seed = args.seed
-
-        def step(label: str) -> None:
-            err.write(label + "\n")
-            err.flush()
-
-        command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        with Engine(args.model, n_threads=args.threads) as engine:
-            result = multiturn.run(cfg, engine, args.out, step, command)
-    report_path = multiturn_report.write(result, args.out)
-    for name, measured, ok in multiturn_report.targets(result):
-        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
-    out.write(f"wrote {path} and {report_path}\n")
-    return 0
+    return _part(
+        args, out, err, "multiturn", lambda: _multiturn_config(args), multiturn, multiturn_report
+    )
 
 
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

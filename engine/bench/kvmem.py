@@ -14,16 +14,15 @@ Four parts, each written to ``kvmem.json`` as soon as it is done:
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..policies import Full, reads_attention
 from ..runtime import Engine
 from . import tasks
+from .records import Records
 
 _MB = 2**20
 Progress = Callable[[str], None]
@@ -203,21 +202,8 @@ def quality(
 
 
 def run(cfg: KVMemConfig, engine: Engine, out_dir: Path, step: Progress, command: str) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "kvmem.json"
-    result: dict[str, Any] = {
-        "command": command,
-        "config": asdict(cfg),
-        "model": engine.model.info.name,
-        "records": [],
-    }
-    start = time.perf_counter()
-
-    def emit(record: dict[str, Any]) -> None:
-        result["records"].append(record)
-        result["elapsed_s"] = time.perf_counter() - start
-        path.write_text(json.dumps(result, indent=1))
-
+    records = Records(out_dir / "kvmem.json", command, cfg, engine.model.info.name)
+    emit = records.emit
     if "alloc" in cfg.parts:
         step("allocation grid")
         alloc(engine, cfg, emit)
@@ -225,4 +211,4 @@ def run(cfg: KVMemConfig, engine: Engine, out_dir: Path, step: Progress, command
         long(engine, cfg, emit, step)
     if "swa" in cfg.parts or "kv_type" in cfg.parts:
         quality(engine, cfg, emit, step)
-    return result
+    return records.result

@@ -15,18 +15,18 @@ full cache (policy ``full``). Units: seconds, bytes, cells.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..monitor import MemoryMonitor
 from ..runtime import Engine
 from ..stats import Done, Recalled
+from .records import Records
 from .tasks import _drain, real_text
 
 DEPTHS = (0.2, 0.4, 0.6, 0.8)
@@ -233,15 +233,7 @@ def run(
     command: str,
 ) -> dict[str, Any]:
     """Every job on every document; ``multiturn.json`` is rewritten after each one."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "multiturn.json"
-    result: dict[str, Any] = {
-        "command": command,
-        "config": asdict(cfg),
-        "model": engine.model.info.name,
-        "records": [],
-    }
-    start = time.perf_counter()
+    records = Records(out_dir / "multiturn.json", command, cfg, engine.model.info.name)
     corpus_step = 40_000  # characters between two documents' starts in the corpus
     for d in range(cfg.docs):
         facts = facts_for(cfg.seed + d)
@@ -260,7 +252,5 @@ def run(
                 answer_tokens=cfg.answer_tokens,
             )
             rec.update(doc=d, doc_tokens=n_doc)
-            result["records"].append(rec)
-            result["elapsed_s"] = time.perf_counter() - start
-            path.write_text(json.dumps(result, indent=1))
-    return result
+            records.emit(rec)
+    return records.result
