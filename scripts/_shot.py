@@ -30,6 +30,15 @@ def open_window(
     return app, window
 
 
+def shoot_memory_at(app: QApplication, window: MainWindow, needle: str, out: Path) -> None:
+    """Scroll the Memory view to the first ``needle`` in the document, then ``shoot``."""
+    view = window.memory_view
+    text = view.text.toPlainText()
+    at = text.find(needle, text.find("── document"))
+    view.scroll_to(at / max(len(text), 1))
+    QTimer.singleShot(700, lambda: shoot(app, window, out))
+
+
 def shoot(app: QApplication, window: MainWindow, out: Path) -> None:
     """Save the window to ``out``, stop any work, then close and quit."""
     window.grab().save(str(out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from _shot import open_window, shoot
+from _shot import open_window, shoot_memory_at
 from PySide6.QtCore import QTimer
 
 from app.settings import Settings
@@ -37,14 +37,7 @@ def main() -> None:
     def on_event(event: object) -> None:
         if isinstance(event, Done):
             window.tabs.setCurrentWidget(window.memory_view)
-            QTimer.singleShot(1500, focus)
-
-    def focus() -> None:
-        view = window.memory_view
-        text = view.text.toPlainText()
-        at = text.find(KEY_LINE, text.find("── document"))
-        view.scroll_to(at / max(len(text), 1))
-        QTimer.singleShot(700, lambda: shoot(app, window, out))
+            QTimer.singleShot(1500, lambda: shoot_memory_at(app, window, KEY_LINE, out))
 
     window.worker.results.event.connect(on_event)
     app.exec()

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _shot import open_window, shoot
+from _shot import open_window, shoot_memory_at
 from PySide6.QtCore import QTimer
 
 from app.settings import Settings
@@ -48,18 +48,11 @@ def main() -> None:
             QTimer.singleShot(300, ask)
         else:
             window.tabs.setCurrentWidget(window.memory_view)
-            QTimer.singleShot(1500, focus)
+            QTimer.singleShot(1500, lambda: shoot_memory_at(app, window, fact.value, out))
 
     def ask() -> None:
         window.input.setPlainText(fact.question)
         window.send()
-
-    def focus() -> None:
-        view = window.memory_view
-        body = view.text.toPlainText()
-        at = body.find(fact.value, body.find("── document"))
-        view.scroll_to(at / max(len(body), 1))
-        QTimer.singleShot(700, lambda: shoot(app, window, out))
 
     window.worker.results.event.connect(on_event)
     app.exec()

@@ -29,16 +29,21 @@ def _drop(window: MainWindow, path) -> None:
     window.dropEvent(event)
 
 
+def _window(qtbot, tmp_path, settings: Settings) -> MainWindow:
+    """The real window on the default model, shown, with the model loaded."""
+    w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+    return w
+
+
 def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text(prose(40, seed=7))
     long = tmp_path / "long.txt"
     long.write_text(prose(2500, seed=8))  # about 35,000 tokens: minutes to read here
-    settings = Settings(policy="snapkv", budget_tokens=256, max_tokens=24)
-    w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
-    qtbot.addWidget(w)
-    w.show()
-    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+    w = _window(qtbot, tmp_path, Settings(policy="snapkv", budget_tokens=256, max_tokens=24))
 
     _drop(w, short)
     assert "short.txt" in w.doc_label.text()
@@ -100,11 +105,7 @@ def test_real_model_drop_summary_then_details_brought_back(qtbot, tmp_path):
         text = multiturn.document(eng, 1500, facts, offset=20_000)
     doc = tmp_path / "report.txt"
     doc.write_text(text)
-    settings = Settings(policy="snapkv", budget_tokens=256, max_tokens=24)
-    w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
-    qtbot.addWidget(w)
-    w.show()
-    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+    w = _window(qtbot, tmp_path, Settings(policy="snapkv", budget_tokens=256, max_tokens=24))
     _drop(w, doc)
     w.summarize()
     qtbot.waitUntil(lambda: w.busy, timeout=5000)
