@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from . import _argtypes as types
 from .chat import Chat, Turn, record, status_line
-from .documents import load_document
+from .documents import load_document, read_regular
 from .errors import (
     Cancelled,
     DocumentError,
@@ -288,8 +288,10 @@ def readline_history(path: Path | None) -> Iterator[None]:
 
 
 def _script_lines(path: Path) -> list[str]:
+    """The script's lines, read as documents are: regular files only (a FIFO or
+    /dev/zero is refused, not read forever), at most ``MAX_DOCUMENT_BYTES``."""
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return read_regular(path, "script").decode("utf-8").splitlines()
     except FileNotFoundError:
         raise DocumentError(f"{path}: script not found") from None
     except IsADirectoryError:

@@ -179,9 +179,9 @@ def _kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _check_regular(p: Path, mode: int) -> None:
+def _check_regular(p: Path, mode: int, what: str = "document") -> None:
     if stat.S_ISDIR(mode):
-        raise DocumentError(f"{p} is a directory, not a document")
+        raise DocumentError(f"{p} is a directory, not a {what}")
     if not stat.S_ISREG(mode):
         raise DocumentError(f"{p} is not a regular file ({_kind(mode)}); kvtrim reads files only")
 
@@ -191,9 +191,9 @@ def size_text(n_bytes: int) -> str:
     return f"{n_bytes / _MIB:,.0f} MiB" if n_bytes >= _MIB else f"{n_bytes:,} bytes"
 
 
-def _too_large(p: Path) -> DocumentError:
+def _too_large(p: Path, what: str = "document") -> DocumentError:
     return DocumentError(
-        f"{p} is larger than kvtrim's limit of {size_text(MAX_DOCUMENT_BYTES)} for a document"
+        f"{p} is larger than kvtrim's limit of {size_text(MAX_DOCUMENT_BYTES)} for a {what}"
     )
 
 
@@ -201,28 +201,29 @@ def _too_large(p: Path) -> DocumentError:
 _OPEN_FLAGS = os.O_RDONLY | sum(getattr(os, f, 0) for f in ("O_NONBLOCK", "O_CLOEXEC", "O_BINARY"))
 
 
-def _read_regular(p: Path) -> bytes:
-    """At most ``MAX_DOCUMENT_BYTES`` of the regular file ``p``. It is checked with
-    stat before it is opened (opening a pipe would block), and again once open."""
-    _check_regular(p, p.stat().st_mode)
+def read_regular(p: Path, what: str = "document") -> bytes:
+    """At most ``MAX_DOCUMENT_BYTES`` of the regular file ``p`` (a ``what``, for the
+    messages). It is checked with stat before it is opened (opening a pipe would
+    block), and again once open; OS errors (not found, permission) pass through."""
+    _check_regular(p, p.stat().st_mode, what)
     fd = os.open(p, _OPEN_FLAGS)
     with open(fd, "rb") as f:
         info = os.fstat(fd)
-        _check_regular(p, info.st_mode)  # swapped for a pipe between stat and open
+        _check_regular(p, info.st_mode, what)  # swapped for a pipe between stat and open
         if info.st_size > MAX_DOCUMENT_BYTES:
-            raise _too_large(p)
+            raise _too_large(p, what)
         want = info.st_size + 1  # one byte more tells a file that grew since
         data = f.read(want)
         if len(data) == want:
             data += f.read(MAX_DOCUMENT_BYTES + 1 - want)
     if len(data) > MAX_DOCUMENT_BYTES:
-        raise _too_large(p)
+        raise _too_large(p, what)
     return data
 
 
 def _read_bytes(p: Path) -> bytes:
     try:
-        return _read_regular(p)
+        return read_regular(p)
     except FileNotFoundError:
         raise DocumentError(f"document not found: {p}") from None
     except PermissionError:

@@ -263,3 +263,14 @@ def test_errors_are_one_line(tmp_path, short_doc, case, message):
         "budget": [str(short_doc), "--budget", "20"],
     }[case]
     _one_line_error(argv, message)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_script_that_is_no_file_is_refused_not_read(tmp_path, short_doc, kind):
+    """A named pipe would block the open forever and /dev/zero would fill memory:
+    scripts are read as documents are, regular files only."""
+    path = {"fifo": tmp_path / "turns.jsonl", "device": "/dev/zero", "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    message = "a directory, not a script" if kind == "directory" else "not a regular file"
+    _one_line_error([str(short_doc), "--script", str(path)], message)
