@@ -1,7 +1,9 @@
-"""The native llama.cpp context of one session: creation, decode and KV edits.
+"""The native llama.cpp context: creation, decode and KV edits.
 
 A thin owner of native handles: C return codes become exceptions here, and the
-eval and abort callbacks are kept alive as long as the context is.
+eval and abort callbacks are kept alive as long as the context is. One context
+holds one session's sequence 0, or (``n_seq_max > 1``, see pool.py) several
+sequences in one shared pool of cells (llama.cpp's ``kv_unified``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 from llama_cpp import _internals
 
 from . import _ggml
-from .capture import AttentionCapture
+from .capture import AttentionCapture, Captured, Segment
 from .errors import Cancelled, EngineError, OutOfMemoryError
 from .kvmemory import KV_TYPES, swa_cells
 from .model import Model
@@ -24,7 +26,8 @@ SEQ = 0
 
 
 class NativeContext:
-    """One llama.cpp context with a cache of ``n_ctx`` cells for sequence 0."""
+    """One llama.cpp context with a cache of ``n_ctx`` cells for ``n_seq_max``
+    sequences (one pool of cells shared by all of them)."""
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class NativeContext:
         type_k: int = KV_TYPES["f16"],
         type_v: int = KV_TYPES["f16"],
         cancel_event: threading.Event | None = None,
+        n_seq_max: int = 1,
     ) -> None:
         """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
         batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
@@ -54,14 +58,17 @@ class NativeContext:
             "type_k": type_k,
             "type_v": type_v,
             "cancel_event": self.cancel_event,
+            "n_seq_max": n_seq_max,
         }
+        self.n_seq_max = n_seq_max
         self.capture = capture
         self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True  # one pool: a sequence takes only the cells it uses
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.swa_full = swa_full
@@ -95,7 +102,7 @@ class NativeContext:
             if not info.n_swa_layers
             else self.n_ctx
             if swa_full
-            else swa_cells(self.n_ctx, info.n_swa, n_batch)
+            else swa_cells(self.n_ctx, info.n_swa, n_batch, n_seq_max)
         )
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
@@ -107,26 +114,52 @@ class NativeContext:
         *,
         logits: bool,
         every: bool = False,
-    ) -> None:
-        """Decode ``tokens`` at positions ``pos0...``; logits for the last one if asked
-        (for every one with ``every``)."""
+        capture: Segment | None = None,
+        seq: int = SEQ,
+    ) -> Captured | None:
+        """Decode ``tokens`` of sequence ``seq`` at positions ``pos0...``; logits for
+        the last one if asked (for every one with ``every``). ``capture``: the
+        attention to keep (its ``start``/``stop`` are ignored: all the rows)."""
         n = len(tokens)
+        entries = [(seq, tok, pos0 + i, every) for i, tok in enumerate(tokens)]
+        if n:
+            entries[-1] = (seq, tokens[-1], pos0 + n - 1, logits or every)
+        if capture is None:
+            self.decode_batch(entries)
+            return None
+        seg = Segment(0, n, capture.rows, capture.visibility)
+        return self.decode_batch(entries, [seg])[0]
+
+    def decode_batch(
+        self,
+        entries: Sequence[tuple[int, int, int, bool]],
+        segments: Sequence[Segment] = (),
+    ) -> list[Captured]:
+        """Decode ``(seq, token, position, wants_logits)`` entries in one
+        ``llama_decode``; capture the attention of ``segments`` (batch rows)."""
+        n = len(entries)
         if not 0 < n <= self.n_batch:
             raise EngineError(f"decode of {n} tokens does not fit a batch of {self.n_batch}")
         b = self._batch.batch
         b.n_tokens = n
-        for i, tok in enumerate(tokens):
+        for i, (seq, tok, pos, out) in enumerate(entries):
+            if not 0 <= seq < self.n_seq_max:
+                raise EngineError(f"sequence {seq} is outside 0..{self.n_seq_max - 1}")
             b.token[i] = tok
-            b.pos[i] = pos0 + i
+            b.pos[i] = pos
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = SEQ
-            b.logits[i] = every
-        b.logits[n - 1] = logits or every
+            b.seq_id[i][0] = seq
+            b.logits[i] = out
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
+        if segments:
+            if self.capture is None:
+                raise EngineError("this context was made without attention capture")
+            self.capture.arm(n, segments)
         rc = llama_cpp.llama_decode(self._ctx.ctx, b)
+        got = self.capture.take() if segments and self.capture is not None else []
         if rc == 0:
-            return
+            return got
         if rc == 2:
             raise Cancelled("cancelled")
         if rc == 1:
@@ -136,6 +169,19 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
+
+    @property
+    def n_cells(self) -> int:
+        """Cells of the cache (the columns of the attention tensor)."""
+        return self.n_ctx
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """Logits of batch entry ``i`` of the last decode (it must have asked)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, i)
+        if not ptr:
+            raise EngineError(f"no logits for batch entry {i}")
+        buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last decoded token that asked for them (float32, n_vocab)."""
@@ -154,17 +200,24 @@ class NativeContext:
         buf = (ctypes.c_float * size).from_address(ctypes.addressof(ptr.contents))
         return np.frombuffer(buf, dtype=np.float32, count=size).reshape(n, self.n_vocab).copy()
 
-    def seq_rm(self, p0: int, p1: int) -> None:
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:  # llama.cpp asserts (aborts) on a bad id
+            raise EngineError(f"sequence {seq} is outside 0..{self.n_seq_max - 1}")
+
+    def seq_rm(self, p0: int, p1: int, seq: int = SEQ) -> None:
         """Remove positions ``[p0, p1)`` (p1 < 0: to the end) from every layer."""
-        if not self._ctx.kv_cache_seq_rm(SEQ, p0, p1):
+        self._check_seq(seq)
+        if not self._ctx.kv_cache_seq_rm(seq, p0, p1):
             raise EngineError(f"llama.cpp refused to remove positions {p0}..{p1}")
 
-    def seq_shift(self, p0: int, p1: int, delta: int) -> None:
+    def seq_shift(self, p0: int, p1: int, delta: int, seq: int = SEQ) -> None:
         """Add ``delta`` to positions in ``[p0, p1)``; RoPE is re-applied later."""
-        self._ctx.kv_cache_seq_shift(SEQ, p0, p1, delta)
+        self._check_seq(seq)
+        self._ctx.kv_cache_seq_shift(seq, p0, p1, delta)
 
-    def pos_max(self) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, SEQ))
+    def pos_max(self, seq: int = SEQ) -> int:
+        self._check_seq(seq)
+        return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, seq))
 
     def resized(self, n_ctx: int) -> NativeContext:
         """A new, empty context of ``n_ctx`` cells with the same settings (and the same

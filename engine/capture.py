@@ -22,7 +22,7 @@ _PREFIX = b"kq_soft_max-"
 
 @dataclass
 class Captured:
-    """What one decode call yielded, in cell space.
+    """What one decode call yielded for one sequence, in cell space.
 
     ``visible``: bool ``(n_rows, n_kv)``, which cells each query row could see.
     ``attn``: float32 ``(k, n_kv)``, the last k query rows, head- and layer-mean.
@@ -34,8 +34,40 @@ class Captured:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The batch rows ``[start, stop)`` of one sequence: keep its last ``rows``
+    attention rows (0: none) and, with ``visibility``, which cells each row saw."""
+
+    start: int
+    stop: int
+    rows: int
+    visibility: bool
+
+    @property
+    def wanted(self) -> bool:
+        return self.rows > 0 or self.visibility
+
+
+class _Part:
+    """What the callback gathers for one segment during a decode."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.rows = min(seg.rows, seg.stop - seg.start)
+        self.visible: np.ndarray | None = None
+        self.attn: np.ndarray | None = None
+        self.layers = 0
+
+
 class AttentionCapture:
-    """The eval callback's state: armed before each decode, read after it."""
+    """The eval callback's state: armed before each decode, read after it.
+
+    One decode may hold several sequences (see pool.py): each is a ``Segment``
+    of the batch's rows, and ``take`` returns one ``Captured`` per segment. With
+    one shared cache (``kv_unified``) the tensor has one stream and rows in batch
+    order; another sequence's cells are masked, probability exactly 0.
+    """
 
     def __init__(self, layers: Sequence[int]) -> None:
         if not layers:
@@ -43,38 +75,31 @@ class AttentionCapture:
         self.layers = tuple(layers)
         self._wanted = {str(layer).encode() for layer in self.layers}
         self._armed = False
-        self._rows = 0
+        self._parts: list[_Part] = []
         self._n_rows = 0
-        self._visibility = False
-        self._visible: np.ndarray | None = None
-        self._attn: np.ndarray | None = None
-        self._n_layers_seen = 0
         self._seconds = 0.0
         self.error: BaseException | None = None
         self.c_callback = _ggml.make_eval_callback(self._on_tensor)
 
-    def arm(self, n_rows: int, rows: int, visibility: bool) -> None:
-        """Capture the next decode of ``n_rows`` tokens: the last ``rows`` rows
-        (0 for none, or all when ``rows >= n_rows``) and, if asked, visibility."""
-        self._armed = rows > 0 or visibility
+    def arm(self, n_rows: int, segments: Sequence[Segment]) -> None:
+        """Capture the next decode of ``n_rows`` batch rows for ``segments``."""
+        self._parts = [_Part(s) for s in segments]
+        self._armed = any(s.wanted for s in segments)
         self._n_rows = n_rows
-        self._rows = min(rows, n_rows)
-        self._visibility = visibility
-        self._visible = None
-        self._attn = None
-        self._n_layers_seen = 0
         self._seconds = 0.0
         self.error = None
 
-    def take(self) -> Captured:
-        """What the last armed decode captured; disarms."""
+    def take(self) -> list[Captured]:
+        """What the last armed decode captured, one per segment; disarms."""
         self._armed = False
         if self.error is not None:
             raise self.error
-        attn = self._attn
-        if attn is not None and self._n_layers_seen > 1:
-            attn /= self._n_layers_seen
-        return Captured(self._visible, attn, self._seconds)
+        out = []
+        for part in self._parts:
+            if part.attn is not None and part.layers > 1:
+                part.attn /= part.layers
+            out.append(Captured(part.visible, part.attn, self._seconds))
+        return out
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
         # ask=True: do we want this node? ask=False: it is computed, read it; returning
@@ -88,24 +113,33 @@ class AttentionCapture:
             return True
         start = time.perf_counter()
         try:
-            self._read(tensor, first=self._n_layers_seen == 0)
+            self._read(tensor)
         except BaseException as exc:  # surfaced by take(); never raise into C
             self.error = exc
         self._seconds += time.perf_counter() - start
         return True
 
-    def _read(self, tensor: int, first: bool) -> None:
-        n_rows = self._n_rows
-        need_all = first and self._visibility
-        row0 = 0 if need_all else n_rows - self._rows
-        probs = _ggml.read_rows(tensor, row0, n_rows)  # (heads, rows, n_kv)
-        if need_all:
-            self._visible = (probs > 0).any(axis=0)
-        self._n_layers_seen += 1
-        if self._rows == 0:
-            return
-        tail = probs[:, probs.shape[1] - self._rows :, :].mean(axis=0)
-        if self._attn is None:
-            self._attn = tail
-        else:
-            self._attn += tail
+    def _read(self, tensor: int) -> None:
+        _n_kv, n_rows, _heads, n_stream = _ggml.tensor_shape(tensor)
+        if n_rows != self._n_rows or n_stream != 1:
+            raise RuntimeError(
+                f"capture lost track: {n_rows} rows in {n_stream} streams, "
+                f"expected {self._n_rows} in one (one ubatch per decode)"
+            )
+        for part in self._parts:
+            seg = part.seg
+            need_all = part.layers == 0 and seg.visibility
+            if not (need_all or part.rows):
+                continue
+            row0 = seg.start if need_all else seg.stop - part.rows
+            probs = _ggml.read_rows(tensor, row0, seg.stop)  # (heads, rows, n_kv)
+            if need_all:
+                part.visible = (probs > 0).any(axis=0)
+            part.layers += 1
+            if not part.rows:
+                continue
+            tail = probs[:, probs.shape[1] - part.rows :, :].mean(axis=0)
+            if part.attn is None:
+                part.attn = tail
+            else:
+                part.attn += tail

@@ -11,10 +11,13 @@ the trained context. Its *cell* is where llama.cpp stored it (see cells.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._context import NativeContext
+if TYPE_CHECKING:
+    from ._context import NativeContext
+    from .pool import Slot
 from .cells import EMPTY, CellMap
 
 MAX_WORD_TOKENS = 16  # a longer run (a URL, a hash, text without spaces) is cut here
@@ -34,9 +37,9 @@ def _runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
 class KVCache:
     """Ids, llama positions and cells of the tokens held for one sequence."""
 
-    def __init__(self, ctx: NativeContext, *, track_cells: bool) -> None:
+    def __init__(self, ctx: NativeContext | Slot, *, track_cells: bool) -> None:
         self.ctx = ctx
-        self.cells = CellMap(ctx.n_ctx) if track_cells else None
+        self.cells = CellMap(ctx.n_cells) if track_cells else None
         self.ids = np.zeros(0, dtype=np.int64)
         self.lpos = np.zeros(0, dtype=np.int64)
         self.words = np.zeros(0, dtype=np.int64)  # id of the first token of each one's word
@@ -130,7 +133,7 @@ class KVCache:
         if self.cells is not None:
             old = self.cells.pos
             held = old[old != EMPTY]
-            self.cells = CellMap(ctx.n_ctx)
+            self.cells = CellMap(ctx.n_cells)
             self.cells.pos[: len(held)] = held
 
     def cell_columns(self) -> np.ndarray:

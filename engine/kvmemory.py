@@ -33,9 +33,10 @@ def pad(cells: int) -> int:
     return max(CACHE_PAD, -(-cells // CACHE_PAD) * CACHE_PAD)
 
 
-def swa_cells(n_ctx: int, n_swa: int, n_ubatch: int) -> int:
-    """Cells of llama.cpp's sliding-window cache (``llama_kv_cache_iswa``, one sequence)."""
-    return pad(min(n_ctx, n_swa + n_ubatch))
+def swa_cells(n_ctx: int, n_swa: int, n_ubatch: int, n_seqs: int = 1) -> int:
+    """Cells of llama.cpp's sliding-window cache (``llama_kv_cache_iswa``): one window
+    per sequence in one shared pool (``kv_unified``) plus a micro-batch."""
+    return pad(min(n_ctx, n_swa * n_seqs + n_ubatch))
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._context import NativeContext
-from .capture import AttentionCapture, Captured
+from .capture import AttentionCapture, Captured, Segment
 from .errors import Cancelled, ConfigError, ContextOverflowError
 from .kvcache import KVCache
 from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
+from .pool import Slot
 from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
@@ -107,9 +108,20 @@ def default_threads() -> int:
 
 
 class Session:
-    """One sequence in a bounded cache, evicted by ``policy``."""
+    """One sequence in a bounded cache, evicted by ``policy``.
 
-    def __init__(self, model: Model, policy: Policy, config: SessionConfig | None = None) -> None:
+    By default the session owns a llama.cpp context; with ``slot`` (see pool.py)
+    it is one sequence of a shared context, its cache bounded by the slot's share.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        policy: Policy,
+        config: SessionConfig | None = None,
+        *,
+        slot: Slot | None = None,
+    ) -> None:
         self.model = model
         self.policy = policy
         self.config = config = config or SessionConfig()
@@ -124,27 +136,29 @@ class Session:
                 f"{policy.protected(budget)} sink and recent tokens"
             )
         self.max_position = config.max_position or model.info.n_ctx_train
-        self.capture = None
-        if policy.needs_attention:
-            if not model.info.global_layers:
-                raise ConfigError(
-                    f"{policy.name} needs attention, but kvtrim does not know which layers of "
-                    f"{model.info.arch} see the whole cache; use streaming or full"
-                )
-            self.capture = AttentionCapture(model.info.global_layers)
+        self.reads_attention = policy.needs_attention
+        if self.reads_attention and not model.info.global_layers:
+            raise ConfigError(
+                f"{policy.name} needs attention, but kvtrim does not know which layers of "
+                f"{model.info.arch} see the whole cache; use streaming or full"
+            )
         # llama.cpp rounds the cache up to 256 cells. The rounding is not used as
         # extra chunk room: a chunk close to the budget evicts too coarsely (measured:
         # SnapKV at budget 256 found 3/4 real-text keys with 64-token chunks, 1/4 with 256)
         self.capacity = budget + chunk if policy.evicts else budget
         self.n_ctx_max = pad(self.capacity)
+        self.slot = slot
+        if slot is not None:  # a share of a pool: it cannot grow past it
+            self.n_ctx_max = slot.n_ctx
+            self.capacity = min(self.capacity, slot.n_ctx)
         if self.n_ctx_max >= self.max_position:
             raise ConfigError(
                 f"budget + chunk ({self.n_ctx_max}) must be below {self.max_position}"
             )
         room = chunk if policy.evicts else self.n_ctx_max
-        flash = None if self.capture is None else False
+        flash = False if self.reads_attention else None
         if config.flash_attn != "auto":
-            if self.capture is not None and config.flash_attn == "on":
+            if self.reads_attention and config.flash_attn == "on":
                 raise ConfigError(f"{policy.name} reads attention, which needs flash attention off")
             flash = config.flash_attn == "on"
         type_k = type_v = KV_TYPES[config.kv_type]
@@ -157,21 +171,27 @@ class Session:
         n_batch = min(room, config.batch_tokens)
         # the cache grows with the text up to n_ctx_max (see _reserve): a short
         # document never holds more cells than llama.cpp would give it
-        self.ctx = NativeContext(
-            model,
-            n_ctx=min(self.n_ctx_max, pad(n_batch)),
-            n_batch=n_batch,
-            n_threads=config.n_threads or default_threads(),
-            capture=self.capture,
-            flash_attn=flash,
-            swa_full=config.swa_cache == "full" or (info.n_swa > 0 and not info.n_swa_layers),
-            type_k=type_k,
-            type_v=type_v,
-        )
+        self.ctx: NativeContext | Slot
+        if slot is not None:
+            self.ctx = slot
+            type_k, type_v = slot.pool.ctx.settings["type_k"], slot.pool.ctx.settings["type_v"]
+        else:
+            capture = AttentionCapture(info.global_layers) if self.reads_attention else None
+            self.ctx = NativeContext(
+                model,
+                n_ctx=min(self.n_ctx_max, pad(n_batch)),
+                n_batch=n_batch,
+                n_threads=config.n_threads or default_threads(),
+                capture=capture,
+                flash_attn=flash,
+                swa_full=config.swa_cache == "full" or (info.n_swa > 0 and not info.n_swa_layers),
+                type_k=type_k,
+                type_v=type_v,
+            )
         self.kv_layout = info.kv_layout(type_k, type_v)
         self.kv_type_v = next(name for name, t in KV_TYPES.items() if t == type_v)
         self.budget = budget
-        self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
+        self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.stats = self._new_stats()
         self.trace = self._new_trace()
         self._logits: np.ndarray | None = None
@@ -198,7 +218,7 @@ class Session:
     def reset(self) -> None:
         """Empty the cache and forget what the policy observed."""
         self.ctx.clear()
-        self.cache = KVCache(self.ctx, track_cells=self.capture is not None)
+        self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.policy.reset()
         self.stats = self._new_stats()
         self.trace = self._new_trace()
@@ -375,13 +395,13 @@ class Session:
         # the question only needs physical cells; the document's chunks keep to capacity
         limit = min(self.capacity, self.n_ctx_max - reserve)
         room = limit - self.budget
-        if self.policy.evicts and room < 1:
+        total, done = len(tokens), 0
+        fits = self.cache.n_used + total <= limit
+        if self.policy.evicts and room < 1 and not fits:
             raise ConfigError(
                 f"budget {self.budget} leaves no room for a {reserve}-token question; "
                 "use a smaller budget or a larger chunk"
             )
-        total, done = len(tokens), 0
-        fits = self.cache.n_used + total <= limit
         self._reserve(total if fits else total + reserve)
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
@@ -531,6 +551,8 @@ class Session:
         """Make the cache big enough for ``n_more`` tokens after those held, up to
         ``n_ctx_max`` (past it the policy evicts). ``shrink``: an empty cache may also
         get smaller (a new, shorter document)."""
+        if self.slot is not None:
+            return  # a pool's share is fixed when the sequence is admitted
         want = min(self.n_ctx_max, max(pad(self.cache.n_used + n_more), pad(self.ctx.n_batch)))
         if want > self.ctx.n_ctx or (shrink and want < self.ctx.n_ctx and not self.cache.n_used):
             self._resize(want)
@@ -638,7 +660,7 @@ class Session:
         return TokenTrace(lambda token: self.model.piece(token, special=True))
 
     def _question_aware(self) -> bool:
-        return self.config.question_aware and self.capture is not None and self.policy.evicts
+        return self.config.question_aware and self.reads_attention and self.policy.evicts
 
     def _sync_stats(self) -> None:
         s = self.stats
@@ -649,13 +671,15 @@ class Session:
         s.compactions = self.cache.compactions
         s.n_ctx = self.ctx.n_ctx
         s.swa_cells = self.ctx.swa_cells
+        if self.slot is not None:
+            self.slot.stats = s
 
     def _decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
         pos0 = self.cache.next_lpos
-        if self.capture is None:
+        if not self.reads_attention:
             self.ctx.decode(tokens, pos0, logits=logits, every=every)
             self.cache.appended(n, self._edges(tokens))
         else:
@@ -684,10 +708,9 @@ class Session:
     ) -> Captured:
         """Decode ``tokens`` at ``pos0...`` with the capture armed: the last ``rows``
         attention rows and, with ``visibility``, the cells each row could see."""
-        assert self.capture is not None
-        self.capture.arm(len(tokens), rows, visibility=visibility)
-        self.ctx.decode(tokens, pos0, logits=logits, every=every)
-        got = self.capture.take()
+        seg = Segment(0, len(tokens), rows, visibility)
+        got = self.ctx.decode(tokens, pos0, logits=logits, every=every, capture=seg)
+        assert got is not None
         self.stats.capture_s += got.seconds
         return got
 
@@ -704,7 +727,7 @@ class Session:
 
     def _observe_question(self, window: list[int]) -> Observation:
         """Decode the question after the held text, read its rows, remove it again."""
-        assert self.capture is not None
+        assert self.reads_attention
         if self.cache.next_lpos + len(window) > self.max_position:
             self.cache.compact()
         rows: list[np.ndarray] = []

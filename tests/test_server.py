@@ -19,11 +19,22 @@ from engine.serve.background import BackgroundServer
 KEY = "sk-kvtrim-test"
 
 
-@pytest.fixture(scope="module")
-def server(engine):
-    app = create_app(engine, ServerConfig(policy="snapkv", budget_tokens=256, api_key=KEY))
-    with BackgroundServer(app) as url:
-        yield url
+@pytest.fixture(scope="module", params=[1, 4], ids=["one-at-a-time", "parallel"])
+def server(engine, request):
+    config = ServerConfig(
+        policy="snapkv", budget_tokens=256, api_key=KEY, parallel=request.param, kv_cells=1024
+    )
+    with BackgroundServer(create_app(engine, config)) as url:
+        yield Url(url, request.param)
+
+
+class Url(str):
+    """The server's address, and how many requests it decodes together."""
+
+    def __new__(cls, url: str, parallel: int) -> Url:
+        self = super().__new__(cls, url)
+        self.parallel = parallel
+        return self
 
 
 @pytest.fixture
@@ -85,8 +96,13 @@ def test_policy_override_per_request_evicts_in_its_own_budget(client):
     assert default.model_extra["kvtrim"]["policy"] == "snapkv"
 
 
-def test_concurrent_requests_match_what_each_gets_alone(client):
-    prompts = [f"{prose(30 + 10 * i, seed=10 + i)}\nThe next day," for i in range(4)]
+def test_concurrent_requests_match_what_each_gets_alone(server, client):
+    keys = [48213, 90127, 31416, 77305]
+    prompts = [
+        f"{prose(30 + 10 * i, seed=10 + i)} The pass key is {key}. Remember it. "
+        f"{prose(20, seed=20 + i)}\nWhat is the pass key? The pass key is"
+        for i, key in enumerate(keys)
+    ]
 
     def ask(prompt: str) -> str:
         out = client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0)
@@ -95,7 +111,10 @@ def test_concurrent_requests_match_what_each_gets_alone(client):
     alone = [ask(p) for p in prompts]
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(ask, prompts))
-    assert together == alone
+    for key, one, many in zip(keys, alone, together, strict=True):
+        assert str(key) in one and str(key) in many, (key, one, many)
+    if server.parallel == 1:
+        assert together == alone  # one at a time: the same computation
 
 
 def test_errors_come_back_in_openai_shape_and_the_server_stays_up(server, client):

@@ -165,7 +165,15 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     """The ASGI app; ``app.state`` holds the runner, the metrics and
     ``on_shutdown`` (for ``background.Server``: cancels the running work)."""
     metrics = Metrics()
-    runner = EngineRunner(engine, config.max_queue)
+    if config.parallel > 1:
+        metrics.pool_cells = config.pool_cells
+    runner = EngineRunner(
+        engine,
+        config.max_queue,
+        parallel=config.parallel,
+        kv_cells=config.pool_cells,
+        share=config.share,
+    )
     model_id = engine.model.info.path.rsplit("/", 1)[-1].removesuffix(".gguf")
     jobs = JobBuilder(engine.model, config)
     responder = _Responder(runner, metrics, model_id)
@@ -190,6 +198,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     @app.get("/metrics")
     def prometheus() -> Response:
         metrics.queue.set(runner.waiting)
+        if runner.pool is not None:
+            metrics.pool(runner.pool.snapshot())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")

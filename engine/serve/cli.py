@@ -74,6 +74,28 @@ def add_parser(sub: Any) -> None:
         help="require 'Authorization: Bearer KEY' (default: $KVTRIM_API_KEY, else none)",
     )
     p.add_argument("--max-queue", type=int, default=16, metavar="N")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        metavar="N",
+        help="requests decoded together, as sequences of one context (default: 4; 1: one "
+        "at a time)",
+    )
+    p.add_argument(
+        "--kv-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV cells the parallel requests share (default: what one request at the "
+        "largest budget holds: budget x 1.25 + 64)",
+    )
+    p.add_argument(
+        "--share",
+        choices=("length", "even"),
+        default="length",
+        help="split the cells by each request's length (default) or evenly",
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=262_144, metavar="N")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="chat default")
     p.add_argument(
@@ -133,6 +155,9 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         max_kv_budget=args.max_kv_budget,
         max_body_bytes=int(args.max_body_mb * 2**20),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        parallel=args.parallel,
+        kv_cells=args.kv_cells,
+        share=args.share,
     )
     requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
     with Engine(
@@ -151,7 +176,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write("note: only loopback Host names are answered; name others --allowed-host\n")
         err.write(
             f"kvtrim: {engine.model_name} on http://{args.host}:{args.port}/v1 "
-            f"(policy {args.policy}, budget {args.budget}); metrics at /metrics\n"
+            f"(policy {args.policy}, budget {args.budget}, {args.parallel} in parallel "
+            f"sharing {config.pool_cells} KV cells); metrics at /metrics\n"
         )
         app = create_app(engine, config)
         settings = uvicorn.Config(

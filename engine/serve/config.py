@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..policies import POLICIES, make_policy
+from ..pool import MIN_SHARE, QUESTION_ROOM, SHARES
 from .guards import LOOPBACK_HOSTS
 from .schemas import MAX_TOKENS
 
@@ -29,6 +30,9 @@ class ServerConfig:
     max_kv_budget: int | None = None  # a request's kv_budget at most; None: budget_tokens
     max_body_bytes: int = 16 * 2**20
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header names; "*" allows any
+    parallel: int = 1  # requests decoded together in one context (see engine/pool.py)
+    kv_cells: int | None = None  # the KV cells all of them share; None: see pool_cells
+    share: str = "length"  # how the cells are split between requests (pool.SHARES)
 
     def __post_init__(self) -> None:
         for ok, message in self._checks():
@@ -63,7 +67,24 @@ class ServerConfig:
             ),
             (self.max_body_bytes >= 1024, "--max-body-mb must be at least 1 KiB"),
             (bool(self.allowed_hosts), "allowed_hosts is empty: no request could be answered"),
+            (1 <= self.parallel <= 64, f"--parallel must be in 1..64, got {self.parallel}"),
+            (
+                self.kv_cells is None or self.kv_cells >= MIN_SHARE,
+                f"--kv-cells must be at least {MIN_SHARE}, got {self.kv_cells}",
+            ),
+            (self.share in SHARES, f"--share must be one of {', '.join(SHARES)}"),
         ]
+
+    @property
+    def pool_cells(self) -> int:
+        """The KV cells shared by the parallel requests: ``kv_cells``, or by default
+        what one request at the largest budget may hold (budget, a quarter for the
+        chunk, the question's room), so running in parallel takes no more KV memory
+        than one request did."""
+        if self.kv_cells is not None:
+            return self.kv_cells
+        budget = self.kv_budget_limit
+        return budget + budget // 4 + QUESTION_ROOM
 
     @property
     def kv_budget_limit(self) -> int:

@@ -6,6 +6,8 @@ tokens per second.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -64,11 +66,80 @@ class Metrics:
         )
         self.errors = Counter("kvtrim_errors", "Errors by kind", ["kind"], registry=r)
         self.queue = Gauge("kvtrim_queue_depth", "Requests queued or running", registry=r)
+        self._pool_metrics(r)
+        self.pool_cells: int | None = None  # set when requests share a pool
         self._ratios = 0.0
         self._count = 0
 
+    def _pool_metrics(self, r: CollectorRegistry) -> None:
+        """Parallel requests (engine/pool.py): the pool, and each sequence by its id."""
+        self.pool_cells_gauge = Gauge("kvtrim_pool_cells", "KV cells shared", registry=r)
+        self.pool_reserved = Gauge(
+            "kvtrim_pool_reserved_cells", "KV cells promised to running requests", registry=r
+        )
+        self.pool_active = Gauge(
+            "kvtrim_pool_active_sequences", "Requests running in the pool", registry=r
+        )
+        self.pool_batch = Gauge(
+            "kvtrim_pool_batch_tokens_mean", "Tokens per llama_decode, mean", registry=r
+        )
+        self.pool_steps = Gauge("kvtrim_pool_decode_steps", "llama_decode calls", registry=r)
+        labels = ["seq"]
+        self.seq_share = Gauge(
+            "kvtrim_sequence_share_cells", "KV cells a running request may hold", labels, registry=r
+        )
+        self.seq_share_ratio = Gauge(
+            "kvtrim_sequence_share_ratio", "A request's share of the pool", labels, registry=r
+        )
+        self.seq_cells = Gauge(
+            "kvtrim_sequence_cells_used", "KV cells a running request holds", labels, registry=r
+        )
+        self.seq_retention = Gauge(
+            "kvtrim_sequence_retention_ratio",
+            "A running request's cells kept / tokens seen",
+            labels,
+            registry=r,
+        )
+        self.seq_evicted = Gauge(
+            "kvtrim_sequence_evicted_tokens", "Tokens a running request evicted", labels, registry=r
+        )
+        self.seq_evictions = Gauge(
+            "kvtrim_sequence_evictions", "Cache trims of a running request", labels, registry=r
+        )
+        self.share = Summary(
+            "kvtrim_request_share_ratio", "Per request: its share of the pool's cells", registry=r
+        )
+
+    def pool(self, snapshot: dict[str, Any]) -> None:
+        """The pool's state now (``KVPool.snapshot``)."""
+        self.pool_cells_gauge.set(snapshot["cells"])
+        self.pool_reserved.set(snapshot["reserved_cells"])
+        self.pool_active.set(snapshot["active"])
+        self.pool_batch.set(snapshot["mean_batch_tokens"])
+        self.pool_steps.set(snapshot["steps"])
+        per_seq = (
+            self.seq_share,
+            self.seq_share_ratio,
+            self.seq_cells,
+            self.seq_retention,
+            self.seq_evicted,
+            self.seq_evictions,
+        )
+        for gauge in per_seq:
+            gauge.clear()  # finished requests leave
+        for seq in snapshot["sequences"]:
+            key = str(seq["seq"])
+            self.seq_share.labels(key).set(seq["share_cells"])
+            self.seq_share_ratio.labels(key).set(seq["share"])
+            self.seq_cells.labels(key).set(seq["cells_used"])
+            self.seq_retention.labels(key).set(seq["retention"])
+            self.seq_evicted.labels(key).set(seq["evicted_tokens"])
+            self.seq_evictions.labels(key).set(seq["evictions"])
+
     def finished(self, stats: KVStats) -> None:
         """One request's figures."""
+        if self.pool_cells:
+            self.share.observe(stats.n_ctx / self.pool_cells)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.completion_tokens.inc(stats.generated_tokens)
         self.evictions.inc(stats.evictions)

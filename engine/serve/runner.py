@@ -1,10 +1,14 @@
-"""The server's engine thread: requests queue and run one at a time, each in a
-session of its own, so one request's eviction never touches another's cache.
+"""The server's engine threads: requests queue and run, each in a session (a
+sequence) of its own, so one request's eviction never touches another's cache.
 
-The last session is kept for the next request with the same policy, budget and
-parameters (``run`` starts it from an empty cache), which saves allocating a
-context per request; a different setting closes it first, so at most one
-context's memory is held.
+With ``parallel > 1`` up to that many requests run at once as sequences of one
+shared context (engine/pool.py): their tokens are decoded in one batch per step
+and they share ``kv_cells`` KV cells, each a share by its length. A request that
+is cancelled or whose client went away frees its sequence and cells at once.
+
+With ``parallel == 1`` requests run one at a time and the last session is kept
+for the next request with the same policy, budget and parameters (``run``
+starts it from an empty cache), which saves allocating a context per request.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, KvtrimError
+from ..policies import make_policy
+from ..pool import KVPool
 from ..runtime import Engine
 from ..sampling import Sampling
-from ..session import Session
+from ..session import Session, SessionConfig, default_threads
 from ..stats import Done, Event, Result
 
 Sink = Callable[[Event], None]
@@ -45,6 +51,7 @@ class Job:
     sampling: Sampling
     stops: Sequence[str]
     sink: Sink | None = None  # each event, called on the engine thread
+    label: str = ""  # shown in /metrics (the endpoint)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _session: Session | None = None
 
@@ -57,18 +64,43 @@ class Job:
 
 
 class EngineRunner:
-    """Runs ``Job``s on one engine thread, at most ``max_queue`` waiting."""
+    """Runs ``Job``s on ``parallel`` engine threads, at most ``max_queue`` waiting
+    or running; ``kv_cells``: the pool's cells when ``parallel > 1``."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_queue: int = 16,
+        *,
+        parallel: int = 1,
+        kv_cells: int = 2624,
+        share: str = "length",
+    ) -> None:
         self.engine = engine
         self.max_queue = max_queue
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtrim-engine")
+        self.parallel = parallel
+        self.pool: KVPool | None = None
+        if parallel > 1:
+            self.pool = KVPool(
+                engine.model,
+                cells=kv_cells,
+                max_seqs=parallel,
+                n_threads=engine.n_threads or default_threads(),
+                reads_attention=bool(engine.model.info.global_layers),
+                kv_type=engine.kv_type,
+                swa_full=engine.swa_cache == "full",
+                share=share,
+            )
+        self._executor = ThreadPoolExecutor(
+            max_workers=parallel, thread_name_prefix="kvtrim-engine"
+        )
         self._lock = threading.Lock()
         self._waiting = 0
         self._session: Session | None = None
         self._key: tuple[Any, ...] | None = None
         self._jobs: dict[int, Job] = {}  # queued or running, by id
         self._stopping = False
+        self._count = 0
 
     @property
     def waiting(self) -> int:
@@ -83,6 +115,8 @@ class EngineRunner:
                 raise Overloaded(f"{self._waiting} requests are queued; retry later")
             self._waiting += 1
             self._jobs[id(job)] = job
+            self._count += 1
+            job.label = job.label or f"request {self._count}"
         future = self._executor.submit(self._run, job)
 
         def forget_if_cancelled(done: Future[Result]) -> None:
@@ -107,6 +141,8 @@ class EngineRunner:
             self._jobs.pop(id(job), None)
 
     def _run(self, job: Job) -> Result:
+        if self.pool is not None:
+            return self._run_pooled(job)
         try:
             if job._cancelled.is_set():
                 raise Cancelled("the client went away before the request started")
@@ -114,19 +150,7 @@ class EngineRunner:
             job._session = session
             if job._cancelled.is_set():  # cancelled while the session was made
                 raise Cancelled("cancelled")
-            events = session.run_tokens(
-                job.head,
-                job.tail,
-                max_tokens=job.max_tokens,
-                sampling=job.sampling,
-                stops=job.stops,
-            )
-            for event in events:
-                if job.sink is not None:
-                    job.sink(event)
-                if isinstance(event, Done):
-                    return Result(event.text, event.reason, event.stats, self.engine.model_name)
-            raise Cancelled("the run ended without an answer")
+            return self._events(job, session)
         except Cancelled:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down") from None
@@ -136,6 +160,44 @@ class EngineRunner:
             raise
         finally:
             job._session = None
+            self._finished(job)
+
+    def _events(self, job: Job, session: Session) -> Result:
+        events = session.run_tokens(
+            job.head, job.tail, max_tokens=job.max_tokens, sampling=job.sampling, stops=job.stops
+        )
+        for event in events:
+            if job.sink is not None:
+                job.sink(event)
+            if isinstance(event, Done):
+                return Result(event.text, event.reason, event.stats, self.engine.model_name)
+        raise Cancelled("the run ended without an answer")
+
+    def _run_pooled(self, job: Job) -> Result:
+        """The job as one sequence of the pool; its cells are freed when it ends."""
+        assert self.pool is not None
+        session: Session | None = None
+        try:
+            if job._cancelled.is_set():
+                raise Cancelled("the client went away before the request started")
+            config = SessionConfig(budget_tokens=job.budget_tokens, **dict(job.policy_settings))
+            n_tokens = len(job.head) + len(job.tail) + job.max_tokens
+            session = self.pool.open(  # type: ignore[assignment]
+                make_policy(job.policy), config, n_tokens, cancel=job._cancelled, label=job.label
+            )
+            assert session is not None
+            job._session = session
+            if job._cancelled.is_set():
+                raise Cancelled("cancelled")
+            return self._events(job, session)
+        except Cancelled:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down") from None
+            raise
+        finally:
+            job._session = None
+            if session is not None:
+                session.close()
             self._finished(job)
 
     def _session_for(self, job: Job) -> Session:
@@ -154,6 +216,8 @@ class EngineRunner:
         self._session, self._key = None, None
 
     def close(self) -> None:
-        """Finish the queue and free the session."""
+        """Finish the queue and free the session (or the pool)."""
         self._executor.submit(self._close_session).result()
         self._executor.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.close()

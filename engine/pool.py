@@ -1,0 +1,465 @@
+"""Many sequences in one llama.cpp context: a shared pool of KV cells, and a
+scheduler that batches every running sequence's tokens into one ``llama_decode``.
+
+Decoding a token of a small model on a CPU (or of an 8B model on a GPU) is bound
+by reading the weights, so one step for eight sequences costs far less than
+eight steps (docs/multiseq.md: 2.1x tokens/s at 8 sequences on 2 cores).
+
+Shape: each sequence is a ``Slot``, a per-sequence view of the context with the
+interface a ``Session`` already uses (decode, logits, seq_rm, seq_shift), so the
+session's eviction, cell map and capture are per sequence by construction. A
+session's ``decode`` puts a step in the queue and blocks; the scheduler thread
+waits a moment for the other running sequences' steps (continuous batching:
+a prefill chunk of a new request and the one-token steps of running ones go in
+one batch), decodes them together, and hands each sequence its logits and its
+own attention rows (capture.py ``Segment``).
+
+Memory: llama.cpp's ``kv_unified`` pool, one set of cells for every sequence,
+each tagged with its sequence; attention masks other sequences' cells to
+probability exactly 0, so each sequence's ``CellMap`` learns only its own cells.
+The pool holds ``cells`` (the global KV budget); a sequence is admitted with a
+*share* of it and its policy evicts to stay inside the share. Shares are given
+by length (``share="length"``): a request that fits whole takes only the cells
+it needs, a long one takes up to a full session's budget or what is free (at
+least ``MIN_SHARE``); ``share="even"`` gives every sequence ``cells / max_seqs``
+(the baseline it is measured against, BENCHMARKS.md). Split streams
+(``kv_unified=false``) were rejected: each stream is a fixed ``cells/N`` that a
+150-token request would hold whole, and a stream cannot grow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ._context import NativeContext
+from .capture import AttentionCapture, Captured, Segment
+from .errors import Cancelled, ConfigError, ContextOverflowError, EngineError
+from .kvmemory import KV_TYPES, pad
+from .model import Model
+from .policies import Policy
+from .stats import KVStats
+
+MIN_SHARE = 320  # cells: a 256-token budget and a 64-token chunk
+QUESTION_ROOM = 64  # cells a share keeps for the question's observation window
+SHARES = ("length", "even")
+
+
+@dataclass(eq=False)
+class _Step:
+    """One sequence's tokens waiting for the next batch."""
+
+    seq: int
+    tokens: Sequence[int]
+    pos0: int
+    logits: bool
+    every: bool
+    capture: Segment | None
+    order: int
+    done: threading.Event = field(default_factory=threading.Event)
+    taken: bool = False
+    out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
+    captured: Captured | None = None
+    error: BaseException | None = None
+
+
+class Slot:
+    """One sequence of a ``KVPool``, seen as the context a ``Session`` decodes in.
+
+    ``n_ctx`` is the sequence's share of cells; ``n_cells`` the pool's cell count
+    (the numbering of the attention columns its cell map learns)."""
+
+    def __init__(self, pool: KVPool, seq: int, share: int, label: str) -> None:
+        self.pool = pool
+        self.seq = seq
+        self.n_ctx = share
+        self.n_cells = pool.ctx.n_ctx
+        self.n_batch = pool.ctx.n_batch
+        self.swa_cells = pool.ctx.swa_cells // pool.max_seqs
+        self.label = label
+        self.cancel_event = threading.Event()
+        self.stats: KVStats | None = None  # the session's, for /metrics
+        self.started = time.time()
+        self.last_done = 0.0  # monotonic time its last step was decoded
+        self._out: np.ndarray | None = None
+        self._closed = False
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        *,
+        logits: bool,
+        every: bool = False,
+        capture: Segment | None = None,
+    ) -> Captured | None:
+        """Decode ``tokens`` at ``pos0...`` in the next batch (blocks until it ran)."""
+        if capture is not None and self.pool.ctx.capture is None:
+            raise EngineError("this pool was made without attention capture")
+        step = self.pool._submit(self, tokens, pos0, logits, every, capture)
+        if step.out is not None:
+            self._out = step.out
+        return step.captured
+
+    def last_logits(self) -> np.ndarray:
+        if self._out is None:
+            raise EngineError("no logits available")
+        return self._out[-1]
+
+    def logits_rows(self, n: int) -> np.ndarray:
+        if self._out is None or len(self._out) < n:
+            raise EngineError("no logits available")
+        return self._out[-n:]
+
+    def seq_rm(self, p0: int, p1: int) -> None:
+        with self.pool._ctx_lock:
+            self.pool.ctx.seq_rm(p0, p1, self.seq)
+
+    def seq_shift(self, p0: int, p1: int, delta: int) -> None:
+        with self.pool._ctx_lock:
+            self.pool.ctx.seq_shift(p0, p1, delta, self.seq)
+
+    def pos_max(self) -> int:
+        with self.pool._ctx_lock:
+            return self.pool.ctx.pos_max(self.seq)
+
+    def clear(self) -> None:
+        self.seq_rm(0, -1)
+        self._out = None
+
+    def resized(self, n_ctx: int) -> Slot:
+        raise EngineError("a pooled sequence keeps the share it was given")
+
+    def close(self) -> None:
+        """Free the sequence's cells and its id for the next request."""
+        if not self._closed:
+            self._closed = True
+            self.pool._release(self)
+
+
+class KVPool:
+    """One llama.cpp context of ``cells`` KV cells shared by up to ``max_seqs``
+    sequences, with the scheduler thread that batches their decodes."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        cells: int,
+        max_seqs: int,
+        n_threads: int,
+        reads_attention: bool = True,
+        flash_attn: bool | None = None,
+        kv_type: str = "f16",
+        swa_full: bool = False,
+        n_batch: int = 512,
+        share: str = "length",
+        gather_s: float = 0.005,
+    ) -> None:
+        """``cells``: the global KV budget (rounded up to 256 by llama.cpp);
+        ``gather_s``: how long a step waits for the other running sequences."""
+        if not 1 <= max_seqs <= 64:
+            raise ConfigError(f"parallel sequences must be 1..64, got {max_seqs}")
+        if share not in SHARES:
+            raise ConfigError(f"share must be one of {', '.join(SHARES)}")
+        if cells < MIN_SHARE:
+            raise ConfigError(f"a pool needs at least {MIN_SHARE} cells, got {cells}")
+        capture = None
+        if reads_attention:
+            if not model.info.global_layers:
+                raise ConfigError(f"kvtrim cannot read attention on {model.info.arch}")
+            capture = AttentionCapture(model.info.global_layers)
+            flash_attn = False
+        type_k = type_v = KV_TYPES[kv_type]
+        if kv_type != "f16" and not flash_attn:
+            type_v = KV_TYPES["f16"]  # without flash attention only K is quantized
+        self.model = model
+        self.cells = cells
+        self.max_seqs = max_seqs
+        self.share = share
+        self.gather_s = gather_s
+        self.ctx = NativeContext(
+            model,
+            n_ctx=pad(cells),
+            n_batch=n_batch,
+            n_threads=n_threads,
+            capture=capture,
+            flash_attn=flash_attn,
+            swa_full=swa_full,
+            type_k=type_k,
+            type_v=type_v,
+            n_seq_max=max_seqs,
+        )
+        self.kv_layout = model.info.kv_layout(type_k, type_v)
+        self._cond = threading.Condition()
+        self._ctx_lock = threading.Lock()  # llama.cpp's context is not thread-safe
+        self._free = list(range(max_seqs))
+        self._slots: dict[int, Slot] = {}
+        self._pending: list[_Step] = []
+        self._order = itertools.count()
+        self._closed = False
+        self.steps = 0  # llama_decode calls
+        self.tokens = 0  # tokens decoded
+        self.peak_seqs = 0
+        self.peak_cells = 0  # most cells held by all sequences at once
+        self.decode_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
+        self._thread.start()
+
+    # -- admission --------------------------------------------------------
+
+    def reserved(self) -> int:
+        """Cells promised to the sequences admitted now."""
+        return sum(s.n_ctx for s in self._slots.values())
+
+    def _grant(self, want: int, least: int) -> int | None:
+        free = self.cells - self.reserved()
+        if self.share == "even":
+            even = self.cells // self.max_seqs
+            return even if free >= even else None
+        if free >= want:
+            return want
+        return free if free >= least else None
+
+    def acquire(
+        self,
+        want: int,
+        least: int,
+        *,
+        cancel: threading.Event | None = None,
+        label: str = "",
+    ) -> Slot:
+        """A sequence with a share of ``want`` cells (at least ``least`` under the
+        length rule); waits for a free id and free cells, or raises ``Cancelled``."""
+        if least > self.cells:
+            raise ContextOverflowError(
+                f"the request needs {least} KV cells; the pool has {self.cells}"
+            )
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise Cancelled("the pool is closed")
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("cancelled while waiting for KV memory")
+                share = self._grant(want, least) if self._free else None
+                if share is not None:
+                    seq = self._free.pop(0)
+                    slot = Slot(self, seq, share, label)
+                    self._slots[seq] = slot
+                    self.peak_seqs = max(self.peak_seqs, len(self._slots))
+                    return slot
+                self._cond.wait(0.05)
+
+    def open(
+        self,
+        policy: Policy,
+        config: object,
+        n_tokens: int,
+        *,
+        cancel: threading.Event | None = None,
+        label: str = "",
+    ) -> object:
+        """A ``Session`` in a new sequence, for a job of ``n_tokens`` (prompt and
+        answer). Its share: the job whole when it fits a session's capacity,
+        else up to ``budget + chunk`` cells; the budget and chunk shrink to the
+        share given (the chunk stays a fifth of it)."""
+        from .session import Session, SessionConfig
+
+        assert isinstance(config, SessionConfig)
+        full = config.budget_tokens + config.chunk() + QUESTION_ROOM
+        if not policy.evicts:
+            want = least = n_tokens
+        else:
+            want = min(n_tokens + QUESTION_ROOM, full)
+            least = min(want, MIN_SHARE)
+        slot = self.acquire(want, least, cancel=cancel, label=label)
+        try:
+            if policy.evicts and slot.n_ctx < min(full, n_tokens + QUESTION_ROOM):
+                room = slot.n_ctx - QUESTION_ROOM
+                chunk = max(32, min(config.chunk(), room // 5))
+                config = replace(config, budget_tokens=room - chunk, chunk_tokens=chunk)
+            return Session(self.model, policy, config, slot=slot)
+        except BaseException:
+            slot.close()
+            raise
+
+    def _release(self, slot: Slot) -> None:
+        with self._ctx_lock:
+            self.ctx.seq_rm(0, -1, slot.seq)
+        with self._cond:
+            self._slots.pop(slot.seq, None)
+            self._free.append(slot.seq)
+            self._free.sort()
+            self._cond.notify_all()
+
+    # -- the scheduler ----------------------------------------------------
+
+    def _submit(
+        self,
+        slot: Slot,
+        tokens: Sequence[int],
+        pos0: int,
+        logits: bool,
+        every: bool,
+        capture: Segment | None,
+    ) -> _Step:
+        if not 0 < len(tokens) <= self.ctx.n_batch:
+            raise EngineError(f"decode of {len(tokens)} tokens does not fit the pool's batch")
+        step = _Step(slot.seq, tokens, pos0, logits, every, capture, next(self._order))
+        with self._cond:
+            if self._closed:
+                raise Cancelled("the pool is closed")
+            if slot.cancel_event.is_set():
+                raise Cancelled("cancelled")
+            self._pending.append(step)
+            self._cond.notify_all()
+        while not step.done.wait(0.05):
+            if slot.cancel_event.is_set():
+                with self._cond:
+                    if not step.taken:  # still queued: leave at once
+                        self._pending.remove(step)
+                        raise Cancelled("cancelled")
+        slot.last_done = time.monotonic()
+        if step.error is not None:
+            raise step.error
+        return step
+
+    def _expected(self, now: float) -> int:
+        """Sequences that will most likely send a step soon: those queued and those
+        whose last step ran within the last 50 ms (they are between tokens)."""
+        queued = {s.seq for s in self._pending}
+        recent = {seq for seq, s in self._slots.items() if s.last_done and now - s.last_done < 0.05}
+        return len(queued | recent)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    for step in self._pending:
+                        step.error = Cancelled("the pool is closed")
+                        step.done.set()
+                    self._pending.clear()
+                    return
+                deadline = time.monotonic() + self.gather_s
+                while len(self._pending) < self._expected(time.monotonic()):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        break
+                    self._cond.wait(left)
+                batch = self._choose()
+            self._run(batch)
+
+    def _choose(self) -> list[_Step]:
+        """One-token steps (answers being written) first, then reads, oldest first,
+        as many as the batch holds."""
+        order = sorted(self._pending, key=lambda s: (len(s.tokens) > 1, s.order))
+        chosen, n = [], 0
+        for step in order:
+            if n + len(step.tokens) <= self.ctx.n_batch:
+                chosen.append(step)
+                n += len(step.tokens)
+        for step in chosen:
+            self._pending.remove(step)
+            step.taken = True
+        return chosen
+
+    def _run(self, steps: list[_Step]) -> None:
+        entries: list[tuple[int, int, int, bool]] = []
+        segments: list[Segment] = []
+        starts: list[int] = []
+        for step in steps:
+            a, n = len(entries), len(step.tokens)
+            starts.append(a)
+            for i, tok in enumerate(step.tokens):
+                out = step.every or (step.logits and i == n - 1)
+                entries.append((step.seq, tok, step.pos0 + i, out))
+            if step.capture is not None:
+                segments.append(Segment(a, a + n, step.capture.rows, step.capture.visibility))
+        t0 = time.perf_counter()
+        try:
+            with self._ctx_lock:
+                got = iter(self.ctx.decode_batch(entries, segments))
+                for step, a in zip(steps, starts, strict=True):
+                    n = len(step.tokens)
+                    if step.every:
+                        step.out = np.stack([self.ctx.logits_at(a + i) for i in range(n)])
+                    elif step.logits:
+                        step.out = self.ctx.logits_at(a + n - 1)[None]
+                    if step.capture is not None:
+                        c = next(got)
+                        step.captured = Captured(c.visible, c.attn, c.seconds / len(segments))
+        except BaseException as exc:  # every sequence of the batch hears of it
+            for step in steps:
+                step.error = exc
+        finally:
+            self.steps += 1
+            self.tokens += len(entries)
+            self.decode_s += time.perf_counter() - t0
+            held = sum(s.stats.cells_used for s in self._slots.values() if s.stats)
+            self.peak_cells = max(self.peak_cells, held)
+            for step in steps:
+                step.done.set()
+
+    # -- figures ----------------------------------------------------------
+
+    def snapshot(self) -> dict[str, object]:
+        """The pool and each running sequence, for ``/metrics`` and the benchmark."""
+        with self._cond:
+            slots = sorted(self._slots.values(), key=lambda s: s.seq)
+        seqs = []
+        for s in slots:
+            st = s.stats
+            seqs.append(
+                {
+                    "seq": s.seq,
+                    "label": s.label,
+                    "share_cells": s.n_ctx,
+                    "share": s.n_ctx / self.cells,
+                    "policy": st.policy if st else None,
+                    "budget_tokens": st.budget_tokens if st else None,
+                    "cells_used": st.cells_used if st else 0,
+                    "tokens_seen": st.tokens_seen if st else 0,
+                    "evicted_tokens": st.evicted_tokens if st else 0,
+                    "evictions": st.evictions if st else 0,
+                    "retention": (st.cells_used / st.tokens_seen) if st and st.tokens_seen else 1.0,
+                    "seconds": time.time() - s.started,
+                }
+            )
+        return {
+            "cells": self.cells,
+            "n_ctx": self.ctx.n_ctx,
+            "max_seqs": self.max_seqs,
+            "share_rule": self.share,
+            "reserved_cells": sum(s["share_cells"] for s in seqs),  # type: ignore[misc]
+            "active": len(seqs),
+            "peak_seqs": self.peak_seqs,
+            "peak_cells": self.peak_cells,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "mean_batch_tokens": self.tokens / self.steps if self.steps else 0.0,
+            "kv_bytes": self.ctx.n_ctx * self.kv_layout.global_cell_bytes
+            + self.ctx.swa_cells * self.kv_layout.swa_cell_bytes,
+            "sequences": seqs,
+        }
+
+    def close(self) -> None:
+        """Stop the scheduler (waiting steps are cancelled) and free the context."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        with self._ctx_lock:
+            self.ctx.close()
+
+    def __enter__(self) -> KVPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
