@@ -1,0 +1,215 @@
+"""Several sessions as sequences of one shared context (engine/pool.py): the
+needle each finds is the one it finds alone, eviction in one never touches
+another's cells (checked against llama.cpp's own cell table), shares follow the
+rule, and a cancelled or finished sequence frees its cells at once."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from docs_for_tests import prose
+
+from engine.errors import Cancelled, ContextOverflowError, EngineError
+from engine.model import log as llama_log
+from engine.policies import make_policy
+from engine.pool import MIN_SHARE, QUESTION_ROOM, KVPool
+from engine.prompts import ask_prompt
+from engine.session import Session, SessionConfig
+
+Q = "What is the pass key? Give the number."
+PREFIX = "The pass key is"
+KEYS = [48213, 90127, 31416]
+
+
+def _doc(words: int, key: int, seed: int) -> str:
+    return f"{prose(words // 2, seed=seed)} The pass key is {key}. Remember it. " + prose(
+        words // 2, seed=seed + 1
+    )
+
+
+def _n_tokens(model, doc: str, answer: int) -> int:
+    p = ask_prompt(model, doc, Q, PREFIX)
+    return len(model.tokenize(p.prefix + p.document + p.suffix)) + answer
+
+
+@pytest.fixture(scope="module")
+def pool(engine):
+    with KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2) as p:
+        yield p
+
+
+def test_needles_found_together_are_the_ones_found_alone(engine, pool):
+    # the second document is longer than its share: it evicts while the others run
+    docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
+    alone = []
+    for doc in docs:
+        with engine.session("snapkv", 512) as s:
+            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    together: list[str | None] = [None] * 3
+    evicted = [0] * 3
+
+    def job(i: int) -> None:
+        s = pool.open(
+            make_policy("snapkv"), SessionConfig(512), _n_tokens(engine.model, docs[i], 10)
+        )
+        with s:
+            together[i] = s.collect(s.ask(docs[i], Q, answer_prefix=PREFIX, max_tokens=10)).text
+            evicted[i] = s.stats.evicted_tokens
+            assert s.stats.cells_peak <= s.ctx.n_ctx  # inside its share
+
+    steps0, tokens0 = pool.steps, pool.tokens
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key, one, many in zip(KEYS, alone, together, strict=True):
+        assert str(key) in one and str(key) in many, (key, one, many)
+    assert evicted[1] > 0 and evicted[0] == evicted[2] == 0
+    # the answers were written in shared steps: fewer decodes than tokens
+    assert (pool.tokens - tokens0) / (pool.steps - steps0) > 1.5
+    snap = pool.snapshot()
+    assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
+
+
+class _Log(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _probe_module():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "research" / "multiseq_probe.py"
+    spec = importlib.util.spec_from_file_location("multiseq_probe_for_pool", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_sequence_cell_map_matches_llama_cpp_in_the_shared_pool(engine, monkeypatch):
+    """Two evicting sessions read in turns, so one's tokens fill the other's freed
+    cells; each learnt map must equal llama.cpp's table for its sequence."""
+    probe = _probe_module()
+    monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "3")
+    handler, level = _Log(), llama_log.level
+    llama_log.setLevel(logging.DEBUG)
+    llama_log.addHandler(handler)
+    try:
+        with KVPool(engine.model, cells=768, max_seqs=2, n_threads=2) as small:
+            config = SessionConfig(256, chunk_tokens=48, question_aware=False)
+            a = small.open(make_policy("snapkv"), config, 10_000)
+            b = small.open(make_policy("h2o"), config, 10_000)
+            texts = [engine.model.tokenize(prose(90, seed=s), add_bos=True) for s in (7, 8)]
+            parts = [[t[k : k + 100] for k in range(0, len(t), 100)] for t in texts]
+            for pa, pb in zip(*parts, strict=False):
+                list(a.feed(pa, logits=False))
+                list(b.feed(pb, logits=False))
+            want = {"0": a.cache.cells.snapshot(), "1": b.cache.cells.snapshot()}
+            handler.lines.clear()
+            list(a.feed(texts[0][:1], logits=False))  # llama.cpp logs the table first
+            assert a.stats.evictions >= 3 and b.stats.evictions >= 3
+            a.close()
+            b.close()
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(level)
+    tables = probe.kv_tables(handler.lines)
+    assert tables, "llama.cpp logged no cell table"
+    _stream, table = tables[0]
+    got: dict[str, dict[int, int]] = {"0": {}, "1": {}}
+    for cell, (seq, pos) in table.items():
+        got[seq][pos] = cell
+    assert got == want
+    cells_a, cells_b = set(want["0"].values()), set(want["1"].values())
+    assert not cells_a & cells_b
+    # the two sequences' cells interleave: one took the other's freed cells
+    assert min(cells_b) < max(cells_a) and min(cells_a) < max(cells_b)
+
+
+def test_shares_by_length_and_even(engine):
+    model = engine.model
+    with KVPool(model, cells=1200, max_seqs=4, n_threads=1, reads_attention=False) as p:
+        short = p.open(make_policy("streaming"), SessionConfig(512), 100)
+        assert short.ctx.n_ctx == 100 + QUESTION_ROOM  # a job that fits takes what it needs
+        long = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        assert long.ctx.n_ctx == 512 + 128 + QUESTION_ROOM  # a whole session's room
+        third = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        rest = 1200 - 164 - 704
+        assert third.ctx.n_ctx == rest and MIN_SHARE <= rest < 704  # what was free
+        assert third.budget + third.config.chunk() + QUESTION_ROOM == rest  # shrunk to fit
+        with pytest.raises(ContextOverflowError):
+            p.open(make_policy("full"), SessionConfig(2048), 2000)  # can never fit
+        for s in (short, long, third):
+            s.close()
+        assert p.snapshot()["reserved_cells"] == 0
+    with KVPool(model, cells=1024, max_seqs=4, n_threads=1, share="even") as p:
+        s = p.open(make_policy("streaming"), SessionConfig(512), 100)
+        assert s.ctx.n_ctx == 256
+        s.close()
+
+
+def test_a_sequence_waits_for_cells_and_a_cancel_frees_them(engine):
+    model = engine.model
+    with KVPool(model, cells=700, max_seqs=2, n_threads=1, reads_attention=False) as p:
+        first = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        assert first.ctx.n_ctx == 700
+        got: list[Session] = []
+        gave_up = threading.Event()
+
+        def second() -> None:
+            got.append(p.open(make_policy("streaming"), SessionConfig(512), 5000))
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.3)
+        assert not got  # no cells free: it waits in line
+        first.close()
+        waiter.join(5)
+        assert got and got[0].ctx.n_ctx == 700
+        # a cancel while waiting in line raises at once
+        cancel = threading.Event()
+
+        def third() -> None:
+            try:
+                p.open(make_policy("streaming"), SessionConfig(512), 5000, cancel=cancel)
+            except Cancelled:
+                gave_up.set()
+
+        t = threading.Thread(target=third)
+        t.start()
+        cancel.set()
+        t.join(5)
+        assert gave_up.is_set()
+        # a running sequence stopped by its cancel frees its cells for the next one
+        s = got[0]
+        long_text = model.tokenize(prose(200, seed=2), add_bos=True)
+        events = s.run_tokens(long_text, [1, 2], max_tokens=4)
+        next(events)
+        s.cancel()
+        with pytest.raises(Cancelled):
+            for _ in events:
+                pass
+        s.close()
+        assert p.snapshot()["active"] == 0
+        again = p.open(make_policy("streaming"), SessionConfig(512), 50)
+        hello = model.tokenize("Hello", add_bos=True)
+        result = again.collect(again.run_tokens(hello, [3], max_tokens=4))
+        assert result.stats.generated_tokens > 0
+        again.close()
+
+
+def test_a_bad_sequence_id_is_an_error_not_an_abort(engine, pool):
+    with pytest.raises(EngineError, match="outside"):
+        pool.ctx.seq_rm(0, -1, seq=pool.max_seqs)
+    with pytest.raises(EngineError, match="outside"):
+        pool.ctx.decode([1], 0, logits=False, seq=-1)
