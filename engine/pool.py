@@ -47,6 +47,7 @@ from .stats import KVStats
 
 MIN_SHARE = 320  # cells: a 256-token budget and a 64-token chunk
 QUESTION_ROOM = 64  # cells a share keeps for the question's observation window
+SLACK = 16  # cells beyond a job's estimated length (a BOS, a template's extra token)
 SHARES = ("length", "even")
 
 
@@ -74,10 +75,14 @@ class Slot:
     ``n_ctx`` is the sequence's share of cells; ``n_cells`` the pool's cell count
     (the numbering of the attention columns its cell map learns)."""
 
-    def __init__(self, pool: KVPool, seq: int, share: int, label: str) -> None:
+    def __init__(
+        self, pool: KVPool, seq: int, share: int, label: str, want: int, evicts: bool
+    ) -> None:
         self.pool = pool
         self.seq = seq
-        self.n_ctx = share
+        self.n_ctx = share  # the pool lowers it when others come, raises it when they go
+        self.want = want
+        self.evicts = evicts
         self.n_cells = pool.ctx.n_ctx
         self.n_batch = pool.ctx.n_batch
         self.swa_cells = pool.ctx.swa_cells // pool.max_seqs
@@ -211,31 +216,62 @@ class KVPool:
         self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
         self._thread.start()
 
-    # -- admission --------------------------------------------------------
+    # -- admission and shares ---------------------------------------------
 
     def reserved(self) -> int:
         """Cells promised to the sequences admitted now."""
         return sum(s.n_ctx for s in self._slots.values())
 
-    def _grant(self, want: int, least: int) -> int | None:
-        free = self.cells - self.reserved()
+    def shares(self, wants: dict[int, tuple[int, bool]]) -> dict[int, int]:
+        """Cells for each sequence, from ``{key: (cells it wants, evicts)}``.
+
+        A sequence that never evicts gets what it wants. The rest are split by
+        ``share``: ``length`` is max-min fair (water-filling): a sequence that
+        needs less than an equal part takes only what it needs and the others
+        split what it leaves; ``even`` gives each an equal part whatever it needs.
+        """
+        fixed = {k: w for k, (w, evicts) in wants.items() if not evicts}
+        left = self.cells - sum(fixed.values())
+        flex = sorted((w, k) for k, (w, evicts) in wants.items() if evicts)
+        out = dict(fixed)
         if self.share == "even":
-            even = self.cells // self.max_seqs
-            return even if free >= even else None
-        if free >= want:
-            return want
-        return free if free >= least else None
+            return out | {k: left // len(flex) for _, k in flex} if flex else out
+        for i, (want, key) in enumerate(flex):
+            level = left // (len(flex) - i)
+            out[key] = min(want, level)
+            left -= out[key]
+        return out
+
+    def _admit(self, want: int, least: int, evicts: bool) -> dict[int, int] | None:
+        """The shares if one more sequence came in, or None if it must wait: no free
+        id, or a share would fall under what its sequence needs at least."""
+        if not self._free:
+            return None
+        new = -1
+        wants = {seq: (s.want, s.evicts) for seq, s in self._slots.items()}
+        wants[new] = (want, evicts)
+        shares = self.shares(wants)
+        floor = {
+            seq: min(s.want, MIN_SHARE) if s.evicts else s.want for seq, s in self._slots.items()
+        }
+        floor[new] = least
+        if any(shares[k] < floor[k] for k in shares):
+            return None
+        return shares
 
     def acquire(
         self,
         want: int,
         least: int,
         *,
+        evicts: bool = True,
         cancel: threading.Event | None = None,
         label: str = "",
     ) -> Slot:
-        """A sequence with a share of ``want`` cells (at least ``least`` under the
-        length rule); waits for a free id and free cells, or raises ``Cancelled``."""
+        """A sequence wanting ``want`` cells, admitted once every share stays at
+        ``least`` or more (``MIN_SHARE`` for the running ones); the running ones'
+        shares shrink to make room (each evicts down to its new share at its next
+        step). Waits for a free id and room, or raises ``Cancelled``."""
         if least > self.cells:
             raise ContextOverflowError(
                 f"the request needs {least} KV cells; the pool has {self.cells}"
@@ -246,10 +282,12 @@ class KVPool:
                     raise Cancelled("the pool is closed")
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("cancelled while waiting for KV memory")
-                share = self._grant(want, least) if self._free else None
-                if share is not None:
+                shares = self._admit(want, least, evicts)
+                if shares is not None:
                     seq = self._free.pop(0)
-                    slot = Slot(self, seq, share, label)
+                    slot = Slot(self, seq, shares.pop(-1), label, want, evicts)
+                    for other, cells in shares.items():
+                        self._slots[other].n_ctx = cells
                     self._slots[seq] = slot
                     self.peak_seqs = max(self.peak_seqs, len(self._slots))
                     return slot
@@ -265,24 +303,23 @@ class KVPool:
         label: str = "",
     ) -> object:
         """A ``Session`` in a new sequence, for a job of ``n_tokens`` (prompt and
-        answer). Its share: the job whole when it fits a session's capacity,
-        else up to ``budget + chunk`` cells; the budget and chunk shrink to the
-        share given (the chunk stays a fifth of it)."""
+        answer). It wants the job whole when that fits a session's capacity, else
+        ``budget + chunk`` and the question's room; the budget follows the share
+        (``Session.budget``), the chunk is at most a fifth of the share."""
         from .session import Session, SessionConfig
 
         assert isinstance(config, SessionConfig)
-        full = config.budget_tokens + config.chunk() + QUESTION_ROOM
+        n_tokens += SLACK
         if not policy.evicts:
             want = least = n_tokens
         else:
-            want = min(n_tokens + QUESTION_ROOM, full)
+            want = min(n_tokens, config.budget_tokens + config.chunk()) + QUESTION_ROOM
             least = min(want, MIN_SHARE)
-        slot = self.acquire(want, least, cancel=cancel, label=label)
+        slot = self.acquire(want, least, evicts=policy.evicts, cancel=cancel, label=label)
         try:
-            if policy.evicts and slot.n_ctx < min(full, n_tokens + QUESTION_ROOM):
-                room = slot.n_ctx - QUESTION_ROOM
-                chunk = max(32, min(config.chunk(), room // 5))
-                config = replace(config, budget_tokens=room - chunk, chunk_tokens=chunk)
+            if policy.evicts and slot.n_ctx < want:
+                chunk = max(32, min(config.chunk(), (slot.n_ctx - QUESTION_ROOM) // 5))
+                config = replace(config, chunk_tokens=chunk)
             return Session(self.model, policy, config, slot=slot)
         except BaseException:
             slot.close()
@@ -295,6 +332,9 @@ class KVPool:
             self._slots.pop(slot.seq, None)
             self._free.append(slot.seq)
             self._free.sort()
+            wants = {seq: (s.want, s.evicts) for seq, s in self._slots.items()}
+            for seq, cells in self.shares(wants).items():  # the others may grow again
+                self._slots[seq].n_ctx = cells
             self._cond.notify_all()
 
     # -- the scheduler ----------------------------------------------------
@@ -354,6 +394,9 @@ class KVPool:
                         break
                     self._cond.wait(left)
                 batch = self._choose()
+                if not batch:  # no room yet: wait for a sequence to evict or leave
+                    self._cond.wait(0.01)
+                    continue
             self._run(batch)
 
     def _choose(self) -> list[_Step]:
@@ -361,8 +404,13 @@ class KVPool:
         as many as the batch holds."""
         order = sorted(self._pending, key=lambda s: (len(s.tokens) > 1, s.order))
         chosen, n = [], 0
+        # a sequence whose share shrank evicts at its own next step; until then the
+        # cells it still holds are not free (llama_decode would find no slot)
+        held = sum(s.stats.cells_used for s in self._slots.values() if s.stats)
         for step in order:
-            if n + len(step.tokens) <= self.ctx.n_batch:
+            if n + len(step.tokens) <= self.ctx.n_batch and (
+                held + n + len(step.tokens) <= self.ctx.n_ctx
+            ):
                 chosen.append(step)
                 n += len(step.tokens)
         for step in chosen:

@@ -26,7 +26,7 @@ from .kvcache import KVCache
 from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
-from .pool import Slot
+from .pool import QUESTION_ROOM, Slot
 from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
@@ -145,12 +145,10 @@ class Session:
         # llama.cpp rounds the cache up to 256 cells. The rounding is not used as
         # extra chunk room: a chunk close to the budget evicts too coarsely (measured:
         # SnapKV at budget 256 found 3/4 real-text keys with 64-token chunks, 1/4 with 256)
-        self.capacity = budget + chunk if policy.evicts else budget
-        self.n_ctx_max = pad(self.capacity)
+        self._capacity = budget + chunk if policy.evicts else budget
+        self._n_ctx_max = pad(self._capacity)
+        self._budget = budget
         self.slot = slot
-        if slot is not None:  # a share of a pool: it cannot grow past it
-            self.n_ctx_max = slot.n_ctx
-            self.capacity = min(self.capacity, slot.n_ctx)
         if self.n_ctx_max >= self.max_position:
             raise ConfigError(
                 f"budget + chunk ({self.n_ctx_max}) must be below {self.max_position}"
@@ -190,7 +188,6 @@ class Session:
             )
         self.kv_layout = info.kv_layout(type_k, type_v)
         self.kv_type_v = next(name for name, t in KV_TYPES.items() if t == type_v)
-        self.budget = budget
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.stats = self._new_stats()
         self.trace = self._new_trace()
@@ -201,6 +198,30 @@ class Session:
         self._recall: Recall | None = None
         self._recall_ids = np.zeros(0, dtype=np.int64)  # excerpt ids in the cache
         self._recall_src = np.zeros(0, dtype=np.int64)  # the document ids they copy
+
+    # -- sizes (a pooled session's follow its share, which the pool may change) --
+
+    @property
+    def n_ctx_max(self) -> int:
+        """Cells this session may ever hold (the question's scratch included)."""
+        return self._n_ctx_max if self.slot is None else self.slot.n_ctx
+
+    @property
+    def capacity(self) -> int:
+        """Cells the text may fill before the policy evicts (budget + chunk)."""
+        if self.slot is None:
+            return self._capacity
+        return min(self._capacity, self.slot.n_ctx - (QUESTION_ROOM if self.policy.evicts else 0))
+
+    @property
+    def budget(self) -> int:
+        """Tokens the policy keeps at an eviction; in a pool, what the share leaves
+        beside a chunk and the question's room (at least the policy's protected
+        tokens and a few to choose)."""
+        if self.slot is None or not self.policy.evicts:
+            return self._budget
+        floor = min(self._budget, self.policy.protected(self._budget) + MIN_CHUNK)
+        return max(floor, min(self._budget, self.capacity - self.config.chunk()))
 
     # -- public API -------------------------------------------------------
 
@@ -392,10 +413,8 @@ class Session:
         """
         window = list(observe) if self._question_aware() else []
         reserve = len(window)
-        # the question only needs physical cells; the document's chunks keep to capacity
-        limit = min(self.capacity, self.n_ctx_max - reserve)
-        room = limit - self.budget
         total, done = len(tokens), 0
+        limit, room = self._limits(reserve)
         fits = self.cache.n_used + total <= limit
         if self.policy.evicts and room < 1 and not fits:
             raise ConfigError(
@@ -406,6 +425,8 @@ class Session:
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
             while done < total:
+                if self.slot is not None:  # the pool may have changed the share
+                    limit, room = self._limits(reserve)
                 free = limit - self.cache.n_used
                 if free < min(room, total - done) or free < 1:
                     yield from self._evict(window)
@@ -420,6 +441,12 @@ class Session:
                 yield Progress(done, total, self.stats)
         finally:
             self.stats.prefill_s = base + time.perf_counter() - start
+
+    def _limits(self, reserve: int) -> tuple[int, int]:
+        """Cells the text may fill with a ``reserve``-token question beside it (the
+        question only needs physical cells), and the room above the budget."""
+        limit = min(self.capacity, self.n_ctx_max - reserve)
+        return limit, limit - self.budget
 
     def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
         """Append ``tokens`` (evicting as needed) and yield, block by block, the logits
