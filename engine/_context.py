@@ -8,6 +8,7 @@ sequences in one shared pool of cells (llama.cpp's ``kv_unified``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from collections.abc import Sequence
@@ -169,6 +170,10 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
+
+    def busy(self) -> contextlib.AbstractContextManager[object]:
+        """Held around a session's CPU work between decodes; alone, nothing to share."""
+        return contextlib.nullcontext()
 
     @property
     def n_cells(self) -> int:

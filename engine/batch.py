@@ -9,6 +9,11 @@ A file in a folder keeps its path under that folder (``notes/a/x.txt`` becomes
 Each summary is written atomically as soon as it is done, so a failure later
 (a full disk) loses none that finished. Every file's session is opened with the
 same ``RunSettings`` as a single file's (run_settings.py).
+
+With ``parallel > 1`` that many documents are read at once, each a sequence of
+one shared context (pool.py) whose cells are what one document's session would
+hold (budget + chunk): the documents share the budget by length, and their
+decodes are batched.
 """
 
 from __future__ import annotations
@@ -16,15 +21,21 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from .documents import SUFFIXES, load_document
 from .errors import Cancelled, KvtrimError, OutputError
+from .kvmemory import pad
+from .policies import make_policy
+from .pool import KVPool
 from .run_settings import RunSettings
 from .runtime import Engine
+from .session import default_threads
 from .stats import Done, Event, KVStats
 
 _MB = 2**20
@@ -159,10 +170,17 @@ def _summarize(
     path: Path,
     settings: RunSettings,
     on_event: Callable[[Path, Event], None] | None,
+    pool: KVPool | None = None,
 ) -> Done:
     text = load_document(path)
     done: Done | None = None
-    with settings.open(engine) as session:
+    if pool is None:
+        session = settings.open(engine)
+    else:
+        n_tokens = len(engine.model.tokenize(text)) + settings.max_tokens + 64  # + the prompt
+        config = settings.config(engine)
+        session = pool.open(make_policy(settings.policy), config, n_tokens, label=path.name)
+    with session:
         for event in settings.summarize(session, text):
             if on_event is not None:
                 on_event(path, event)
@@ -190,28 +208,77 @@ def summarize_many(
     out_dir: Path,
     settings: RunSettings,
     on_event: Callable[[Path, Event], None] | None = None,
+    parallel: int = 1,
 ) -> list[FileSummary]:
     """Summarize each source into ``out_dir/<out_name>`` with ``settings``, writing
-    each as it is done; returns one result per source. Raises ``OutputError`` when
-    a summary cannot be written (those before it stay written)."""
+    each as it is done, ``parallel`` at once; returns one result per source, in
+    order. Raises ``OutputError`` when a summary cannot be written (those before
+    it stay written; with ``parallel > 1`` the ones running finish first)."""
     prepare_out_dir(out_dir)
-    results: list[FileSummary] = []
-    for source in sources:
-        start = time.perf_counter()
+    results: list[FileSummary | None] = [None] * len(sources)
+    lock = threading.Lock()
+    pool = make_pool(engine, settings, parallel) if parallel > 1 and len(sources) > 1 else None
+
+    def one(i: int) -> None:
+        source, start = sources[i], time.perf_counter()
         try:
-            done = _summarize(engine, source.path, settings, on_event)
+            done = _summarize(engine, source.path, settings, on_event, pool)
         except Cancelled:
             raise
         except KvtrimError as exc:  # a bad document, or one that cannot be summarized
             seconds = time.perf_counter() - start
-            results.append(FileSummary(source, None, "", None, seconds, str(exc)))
-            continue
+            results[i] = FileSummary(source, None, "", None, seconds, str(exc))
+            return
         out = out_dir / source.out_name
         text = settings.answer(done.text)
         item = FileSummary(source, out, text, done.stats, time.perf_counter() - start)
-        _save(item, sum(r.out is not None for r in results))
-        results.append(item)
-    return results
+        with lock:
+            _save(item, sum(r is not None and r.out is not None for r in results))
+            results[i] = item
+
+    try:
+        if pool is None:
+            for i in range(len(sources)):
+                one(i)
+        else:
+            with ThreadPoolExecutor(parallel, thread_name_prefix="kvtrim-summarize") as workers:
+                for future in [workers.submit(one, i) for i in range(len(sources))]:
+                    future.result()
+    finally:
+        if pool is not None:
+            pool.close()
+    return [r for r in results if r is not None]
+
+
+def make_pool(engine: Engine, settings: RunSettings, parallel: int) -> KVPool:
+    """A pool for ``parallel`` documents with the KV cells of one document's session
+    (``budget + chunk``, as llama.cpp rounds them)."""
+    config = settings.config(engine)
+    policy = make_policy(settings.policy)
+    return KVPool(
+        engine.model,
+        cells=pad(config.budget_tokens + config.chunk()),
+        max_seqs=parallel,
+        n_threads=config.n_threads or default_threads(),
+        reads_attention=policy.needs_attention,
+        flash_attn=None if settings.flash_attn == "auto" else settings.flash_attn == "on",
+        kv_type=config.kv_type,
+        swa_full=config.swa_cache == "full",
+        n_batch=min(config.batch_tokens, config.chunk()),
+    )
+
+
+def default_parallel(engine: Engine, settings: RunSettings, n_files: int) -> int:
+    """Documents to read at once when ``--parallel`` is not given: up to 4 (more
+    gains little on a CPU: docs/multiseq.md), never more than the files, and only
+    as many as a quarter of the free RAM holds (each adds a sliding window of KV)."""
+    import psutil
+
+    layout = engine.model.info.kv_layout()
+    window = engine.model.info.n_swa + 512
+    per_seq = window * layout.swa_cell_bytes + 1024 * layout.global_cell_bytes
+    fits = int(psutil.virtual_memory().available // 4 // max(per_seq, 1))
+    return max(1, min(4, n_files, fits))
 
 
 def table(results: Sequence[FileSummary]) -> str:

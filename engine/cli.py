@@ -81,6 +81,14 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
             "--out summarize each into its own Markdown file",
         )
         p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write")
+        p.add_argument(
+            "--parallel",
+            type=types.at_least(1, "documents"),
+            default=None,
+            metavar="N",
+            help="documents read at once, as sequences of one context sharing the KV "
+            "memory of one (default: up to 4, as free memory allows; 1: one by one)",
+        )
     else:
         p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
     p.add_argument(
@@ -240,7 +248,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
-    from .batch import expand, prepare_out_dir, summarize_many, table
+    from .batch import default_parallel, expand, prepare_out_dir, summarize_many, table
 
     sources = expand(args.file)
     if not sources:
@@ -259,7 +267,8 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     with _engine(args) as engine:
         try:
-            results = summarize_many(engine, sources, out_dir, settings, progress)
+            parallel = args.parallel or default_parallel(engine, settings, len(sources))
+            results = summarize_many(engine, sources, out_dir, settings, progress, parallel)
         finally:
             bar.close()
     failed = [r for r in results if r.error]

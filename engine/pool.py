@@ -121,6 +121,12 @@ class Slot:
             raise EngineError("no logits available")
         return self._out[-n:]
 
+    def busy(self) -> threading.Lock:
+        """Held around this session's CPU work between decodes (scoring, sampling):
+        it then never runs beside a decode, whose threads spin-wait for each other
+        and stall when another thread takes their core (docs/multiseq.md §5)."""
+        return self.pool._cpu
+
     def seq_rm(self, p0: int, p1: int) -> None:
         with self.pool._ctx_lock:
             self.pool.ctx.seq_rm(p0, p1, self.seq)
@@ -203,6 +209,7 @@ class KVPool:
         self.kv_layout = model.info.kv_layout(type_k, type_v)
         self._cond = threading.Condition()
         self._ctx_lock = threading.Lock()  # llama.cpp's context is not thread-safe
+        self._cpu = threading.Lock()  # a decode or one session's CPU work, not both
         self._free = list(range(max_seqs))
         self._slots: dict[int, Slot] = {}
         self._pending: list[_Step] = []
@@ -432,7 +439,7 @@ class KVPool:
                 segments.append(Segment(a, a + n, step.capture.rows, step.capture.visibility))
         t0 = time.perf_counter()
         try:
-            with self._ctx_lock:
+            with self._cpu, self._ctx_lock:
                 got = iter(self.ctx.decode_batch(entries, segments))
                 for step, a in zip(steps, starts, strict=True):
                     n = len(step.tokens)

@@ -18,7 +18,7 @@ from typing import Any
 from .prompts import summary_prompt
 from .runtime import Engine
 from .sampling import Sampling
-from .session import Session
+from .session import Session, SessionConfig
 from .stats import Event
 
 
@@ -76,6 +76,10 @@ class RunSettings:
         """``Session.run``'s keyword arguments."""
         stops = list(self.stops) if self.stops is not None else None
         return {"max_tokens": self.max_tokens, "sampling": self.sampling, "stops": stops}
+
+    def config(self, engine: Engine) -> SessionConfig:
+        """The session's configuration (``Engine.session`` builds the same)."""
+        return engine.config(self.budget_tokens, **self.session_options())
 
     def open(self, engine: Engine) -> Session:
         """A new session with these settings."""

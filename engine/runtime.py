@@ -60,21 +60,37 @@ class Engine:
         """A new session with its own cache; the model is not reloaded."""
         if isinstance(policy, str):
             policy = make_policy(policy, **policy_settings)
-        config = SessionConfig(
-            budget_tokens=budget_tokens,
+        config = self.config(
+            budget_tokens,
             chunk_tokens=chunk_tokens,
             question_aware=question_aware,
             positions=positions,
             flash_attn=flash_attn,
             max_position=max_position,
-            n_threads=self.n_threads,
             batch_tokens=batch_tokens,
-            swa_cache=swa_cache or self.swa_cache,
-            kv_type=kv_type or self.kv_type,
+            swa_cache=swa_cache,
+            kv_type=kv_type,
             whole_words=whole_words,
             recall_tokens=recall_tokens,
         )
         return Session(self.model, policy, config)
+
+    def config(
+        self,
+        budget_tokens: int = 1024,
+        *,
+        swa_cache: str | None = None,
+        kv_type: str | None = None,
+        **options: Any,
+    ) -> SessionConfig:
+        """A session configuration with this engine's threads and cache defaults."""
+        return SessionConfig(
+            budget_tokens=budget_tokens,
+            n_threads=self.n_threads,
+            swa_cache=swa_cache or self.swa_cache,
+            kv_type=kv_type or self.kv_type,
+            **options,
+        )
 
     def close(self) -> None:
         self.model.close()

@@ -414,7 +414,8 @@ class Session:
         window = list(observe) if self._question_aware() else []
         reserve = len(window)
         total, done = len(tokens), 0
-        limit, room = self._limits(reserve)
+        limit, target = self._limits(reserve)
+        room = limit - target
         fits = self.cache.n_used + total <= limit
         if self.policy.evicts and room < 1 and not fits:
             raise ConfigError(
@@ -426,10 +427,11 @@ class Session:
         try:
             while done < total:
                 if self.slot is not None:  # the pool may have changed the share
-                    limit, room = self._limits(reserve)
+                    limit, target = self._limits(reserve)
+                    room = limit - target
                 free = limit - self.cache.n_used
                 if free < min(room, total - done) or free < 1:
-                    yield from self._evict(window)
+                    yield from self._evict(window, target=target)
                     free = limit - self.cache.n_used
                 n = min(total - done, free, self.ctx.n_batch)
                 last = done + n == total
@@ -444,9 +446,14 @@ class Session:
 
     def _limits(self, reserve: int) -> tuple[int, int]:
         """Cells the text may fill with a ``reserve``-token question beside it (the
-        question only needs physical cells), and the room above the budget."""
+        question only needs physical cells), and how many an eviction keeps: the
+        budget, or in a pool whose share shrank under a long question, what leaves
+        room for a few tokens to be read."""
         limit = min(self.capacity, self.n_ctx_max - reserve)
-        return limit, limit - self.budget
+        if self.slot is None or not self.policy.evicts:
+            return limit, self.budget
+        floor = self.policy.protected(self._budget) + 1
+        return limit, max(floor, min(self.budget, limit - MIN_CHUNK))
 
     def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
         """Append ``tokens`` (evicting as needed) and yield, block by block, the logits
@@ -481,7 +488,8 @@ class Session:
         starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
         try:
             for _ in range(max_tokens):
-                token = sample(self._logits)
+                with self.ctx.busy():
+                    token = sample(self._logits)
                 if self.stats.first_token_s is None:
                     self.stats.first_token_s = time.perf_counter() - self._t0
                 if self.model.is_eog(token):
@@ -713,10 +721,11 @@ class Session:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
             got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
             assert self.cache.cells is not None and got.visible is not None
-            self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
-            self.cache.appended(n, self._edges(tokens))
-            if got.attn is not None:
-                self.policy.observe(self._observation(got.attn))
+            with self.ctx.busy():
+                self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
+                self.cache.appended(n, self._edges(tokens))
+                if got.attn is not None:
+                    self.policy.observe(self._observation(got.attn))
         if every:
             self._rows = self.ctx.logits_rows(n)
             self._logits = self._rows[-1]
@@ -787,9 +796,10 @@ class Session:
         start = time.perf_counter()
         query = self._observe_question(window) if window else None
         words = self.cache.words if self.config.whole_words else None
-        keep = self.policy.keep(self.cache.ids, target or self.budget, query, words)
-        if keep.scores is not None and keep.scored is not None:
-            self.trace.score(keep.scored, keep.scores)
+        with self.ctx.busy():
+            keep = self.policy.keep(self.cache.ids, target or self.budget, query, words)
+            if keep.scores is not None and keep.scored is not None:
+                self.trace.score(keep.scored, keep.scores)
         removed = self.cache.keep_only(keep.ids)
         if self.config.positions == "compact":
             self.cache.compact()
