@@ -51,7 +51,7 @@ ENGINE = {"kv_type": "q8_0", "swa_cache": "full", "n_threads": 1}  # cli._engine
 GENERATION = {"max_tokens": 7, "sampling": Sampling(0.5, 0.9, 3), "stops": ["END", "STOP"]}
 # options that are not a session's: the model (for both paths, cli._engine) and output
 ELSEWHERE = {"file", "out", "json", "show_kept", "verbose", "model", "gpu_layers", "repack"}
-ELSEWHERE |= {"threads"}
+ELSEWHERE |= {"threads", "parallel"}  # --parallel: test_parallel_summaries_use_the_same_config
 
 
 class FakeSession:
@@ -135,7 +135,9 @@ def test_summarize_out_passes_every_option_to_every_file(log, docs, tmp_path):
     single = (log["engines"].pop(), log["sessions"].pop(), log["runs"].pop())
 
     out_dir = tmp_path / "out"
-    code, _, err = _main("summarize", *map(str, docs), "--out", str(out_dir), *OPTIONS)
+    code, _, err = _main(
+        "summarize", *map(str, docs), "--out", str(out_dir), "--parallel", "1", *OPTIONS
+    )
     assert code == 0, err
     assert len(log["sessions"]) == len(log["runs"]) == 2
     (engine_kw,) = log["engines"]  # one model for every file
@@ -153,7 +155,8 @@ def test_summarize_out_passes_every_option_to_every_file(log, docs, tmp_path):
 def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
     code, out, _ = _main("summarize", str(docs[0]), "--json")
     assert code == 0 and json.loads(out)["answer"] == "a summary."
-    assert _main("summarize", *map(str, docs), "--out", str(tmp_path / "o"))[0] == 0
+    batch = ("summarize", *map(str, docs), "--out", str(tmp_path / "o"), "--parallel", "1")
+    assert _main(*batch)[0] == 0
     defaults = RunSettings()
     for policy, budget, kw in log["sessions"]:
         assert (policy, budget, kw) == ("snapkv", 1024, defaults.session_options())
@@ -202,3 +205,33 @@ def test_a_real_batch_with_options(tmp_path):
     (row,) = json.loads(out)
     assert row["error"] is None and row["prompt_tokens"] > 128
     assert (out_dir / "a.txt.md").read_text().startswith("# a.txt\n\nIn short,")
+
+
+def test_parallel_summaries_use_the_same_config(engine):
+    """``summarize --parallel`` opens each document's session in a pool from
+    ``RunSettings.config``; it must be the config ``RunSettings.open`` gives."""
+    from engine.batch import make_pool
+    from engine.run_settings import RunSettings
+
+    settings = RunSettings(
+        policy="h2o",
+        budget_tokens=300,
+        chunk_tokens=48,
+        question_aware=False,
+        positions="original",
+        kv_type="q8_0",
+        whole_words=False,
+        max_tokens=4,
+    )
+    with settings.open(engine) as alone:
+        assert settings.config(engine) == alone.config
+    pool = make_pool(engine, settings, 2)
+    try:
+        from engine.policies import make_policy
+
+        with pool.open(make_policy("h2o"), settings.config(engine), 5000) as pooled:
+            assert pooled.config.positions == "original" and not pooled.config.question_aware
+            assert pooled.config.kv_type == "q8_0" and not pooled.config.whole_words
+            assert pool.cells == 512  # budget + chunk (348), as llama.cpp rounds them
+    finally:
+        pool.close()
