@@ -209,15 +209,24 @@ def summarize_many(
     settings: RunSettings,
     on_event: Callable[[Path, Event], None] | None = None,
     parallel: int = 1,
+    *,
+    share: str = "length",
+    pools: list[KVPool] | None = None,
 ) -> list[FileSummary]:
     """Summarize each source into ``out_dir/<out_name>`` with ``settings``, writing
     each as it is done, ``parallel`` at once; returns one result per source, in
     order. Raises ``OutputError`` when a summary cannot be written (those before
-    it stay written; with ``parallel > 1`` the ones running finish first)."""
+    it stay written; with ``parallel > 1`` the ones running finish first).
+    ``share``: how the pool splits its cells (pool.SHARES); ``pools``: gets the pool
+    used, for its figures (the benchmark)."""
     prepare_out_dir(out_dir)
     results: list[FileSummary | None] = [None] * len(sources)
     lock = threading.Lock()
-    pool = make_pool(engine, settings, parallel) if parallel > 1 and len(sources) > 1 else None
+    pool = None
+    if parallel > 1 and len(sources) > 1:
+        pool = make_pool(engine, settings, min(parallel, len(sources)), share)
+        if pools is not None:
+            pools.append(pool)
 
     def one(i: int) -> None:
         source, start = sources[i], time.perf_counter()
@@ -250,7 +259,9 @@ def summarize_many(
     return [r for r in results if r is not None]
 
 
-def make_pool(engine: Engine, settings: RunSettings, parallel: int) -> KVPool:
+def make_pool(
+    engine: Engine, settings: RunSettings, parallel: int, share: str = "length"
+) -> KVPool:
     """A pool for ``parallel`` documents with the KV cells of one document's session
     (``budget + chunk``, as llama.cpp rounds them)."""
     config = settings.config(engine)
@@ -265,6 +276,7 @@ def make_pool(engine: Engine, settings: RunSettings, parallel: int) -> KVPool:
         kv_type=config.kv_type,
         swa_full=config.swa_cache == "full",
         n_batch=min(config.batch_tokens, config.chunk()),
+        share=share,
     )
 
 

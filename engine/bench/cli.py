@@ -82,10 +82,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "OUT/multiturn.json and OUT/multiturn.md",
     )
     p.add_argument(
+        "--concurrency",
+        action="store_true",
+        help="only throughput against concurrency: the server with 1-8 clients, "
+        "summarize one by one and --parallel, pass keys alone and together (about 15 "
+        "minutes; with --quick 3); writes OUT/concurrency.json and OUT/concurrency.md",
+    )
+    p.add_argument(
         "--parts",
         type=_csv,
         default=None,
-        help="with --kv-memory: which of alloc,long,swa,kv_type (default: all)",
+        help="with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
+        "which of server,summarize,needles (default: all)",
     )
     p.add_argument(
         "--report-only",
@@ -249,6 +257,36 @@ def _multiturn_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def _concurrency_config(args: argparse.Namespace) -> Any:
+    from . import concurrency
+
+    cfg = concurrency.ConcurrencyConfig.quick() if args.quick else concurrency.ConcurrencyConfig()
+    if args.parts is not None:
+        bad = [p for p in args.parts if p not in concurrency.PARTS]
+        if bad:
+            raise ConfigError(
+                f"unknown part {bad[0]!r}; choose from {', '.join(concurrency.PARTS)}"
+            )
+        cfg.parts = args.parts
+    if args.seed is not None:
+        cfg.seed = args.seed
+    return cfg
+
+
+def _concurrency(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from . import concurrency, concurrency_report
+
+    return _part(
+        args,
+        out,
+        err,
+        "concurrency",
+        lambda: _concurrency_config(args),
+        concurrency,
+        concurrency_report,
+    )
+
+
 def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from . import kvmem, kvmem_report
 
@@ -271,6 +309,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _kv_memory(args, out, err)
     if args.multiturn:
         return _multiturn(args, out, err)
+    if args.concurrency:
+        return _concurrency(args, out, err)
     if args.report_only:
         import json
 

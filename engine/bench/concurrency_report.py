@@ -1,0 +1,169 @@
+"""Tables and targets of ``kvtrim bench --concurrency`` (see concurrency.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_MB = 2**20
+
+
+def _part(result: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [r for r in result["records"] if r["part"] == name]
+
+
+def _server(result: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(r["server_parallel"], r["clients"]): r for r in _part(result, "server")}
+
+
+def _summaries(result: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
+    return {(r["parallel"], r["share"]): r for r in _part(result, "summarize")}
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The issue's targets, judged from the records."""
+    out: list[tuple[str, str, bool]] = []
+    server = _server(result)
+    alone = server.get((1, 1))
+    most = max((c for p, c in server if p > 1), default=None)
+    if alone and most:
+        par = max(p for p, _ in server)
+        many = server[(par, most)]
+        speed = many["requests_per_s"] / alone["requests_per_s"]
+        out.append(
+            (
+                f"server, {most} clients >= 3x the requests/s of 1 client",
+                f"{many['requests_per_s']:.2f} vs {alone['requests_per_s']:.2f} req/s "
+                f"({speed:.2f}x; same {many['kv_cells']} KV cells for all)",
+                speed >= 3,
+            )
+        )
+        lat = many["latency_p50_s"] / alone["latency_p50_s"]
+        out.append(
+            (
+                f"server, p50 latency at {most} clients <= 3x that at 1",
+                f"{many['latency_p50_s']:.2f} s vs {alone['latency_p50_s']:.2f} s ({lat:.2f}x)",
+                lat <= 3,
+            )
+        )
+        same = all(r["same_key_as_alone"] == r["requests"] for r in server.values())
+        out.append(
+            (
+                "server: every request's pass key as found one at a time",
+                ", ".join(
+                    f"{c} clients: {r['same_key_as_alone']}/{r['requests']}"
+                    for (p, c), r in sorted(server.items())
+                    if p > 1
+                ),
+                same,
+            )
+        )
+    summ = _summaries(result)
+    seq = summ.get((1, "length"))
+    par = next((r for (p, s), r in summ.items() if p > 1 and s == "length"), None)
+    if seq and par:
+        speed = seq["wall_s"] / par["wall_s"]
+        out.append(
+            (
+                f"summarize {par['documents']} documents >= 2x faster with --parallel "
+                f"{par['parallel']}",
+                f"{par['wall_s']:.0f} s vs {seq['wall_s']:.0f} s ({speed:.2f}x)",
+                speed >= 2,
+            )
+        )
+        out.append(
+            (
+                "summarize --parallel: the same peak KV (global-layer cells allocated)",
+                f"{par['global_cells_allocated']} vs {seq['global_cells_allocated']} cells; "
+                f"sliding-window cells {par['swa_cells_allocated']} vs "
+                f"{seq['swa_cells_allocated']} (one window per sequence); all layers "
+                f"{par['kv_bytes_allocated'] / _MB:.1f} vs "
+                f"{seq['kv_bytes_allocated'] / _MB:.1f} MB",
+                par["global_cells_allocated"] <= seq["global_cells_allocated"],
+            )
+        )
+    whole = next((r for r in _part(result, "needles") if r["share"] == "length"), None)
+    if whole:
+        out.append(
+            (
+                "needles: answers together identical to alone (a pool with room for all)",
+                f"{whole['same_key_as_alone']}/{whole['documents']} "
+                f"(found {whole['together_hits']} together, {whole['alone_hits']} alone)",
+                whole["same_key_as_alone"] == whole["documents"],
+            )
+        )
+    return out
+
+
+def write(result: dict[str, Any], out_dir: Path) -> Path:
+    lines = [
+        "# Throughput against concurrency",
+        "",
+        f"`{result['command']}` on {result['model']}; {result.get('elapsed_s', 0):.0f} s in all.",
+        "",
+    ]
+    server = _server(result)
+    if server:
+        base = server.get((1, 1))
+        lines += [
+            "## Server: N clients, ~150-token prompts, 32 tokens each",
+            "",
+            "| server | clients | req/s | x 1 client | p50 (s) | p95 (s) | gen tok/s | "
+            "pass keys | as alone | tokens per decode |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for (p, c), r in sorted(server.items()):
+            who = "one at a time" if p == 1 else f"parallel {p}, {r['kv_cells']} cells"
+            ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
+            mean = r["pool"].get("kvtrim_pool_batch_tokens_mean", 0.0)
+            lines.append(
+                f"| {who} | {c} | {r['requests_per_s']:.2f} | {ratio:.2f} | "
+                f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | "
+                f"{r['generated_tokens_per_s']:.1f} | {r['key_hits']}/{r['requests']} | "
+                f"{r['same_key_as_alone']}/{r['requests']} | {mean:.1f} |"
+            )
+        lines.append("")
+    summ = _summaries(result)
+    if summ:
+        seq = summ.get((1, "length"))
+        lines += [
+            "## summarize: documents one by one and in parallel",
+            "",
+            "| run | wall (s) | x one by one | global cells | SWA cells | KV MB (all layers) | "
+            "peak cells held | evictions | decodes | tokens per decode |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for (p, s), r in sorted(summ.items()):
+            who = "one by one" if p == 1 else f"--parallel {p}, shares {s}"
+            ratio = seq["wall_s"] / r["wall_s"] if seq else float("nan")
+            mean = r["mean_batch_tokens"]
+            lines.append(
+                f"| {who} | {r['wall_s']:.0f} | {ratio:.2f} | {r['global_cells_allocated']} | "
+                f"{r['swa_cells_allocated']} | {r['kv_bytes_allocated'] / _MB:.1f} | "
+                f"{r['peak_cells_held']} | {r['evictions']} | {r['decode_steps'] or ''} | "
+                f"{f'{mean:.0f}' if mean else ''} |"
+            )
+        lines.append("")
+    needles = _part(result, "needles")
+    if needles:
+        lines += [
+            "## Pass keys: alone and together",
+            "",
+            "| pool | cells | found together | found alone | same as alone | shares at entry "
+            "| time together / alone (s) |",
+            "|---|---:|---:|---:|---:|---|---:|",
+        ]
+        for r in needles:
+            lines.append(
+                f"| {r['pool']} | {r['cells']} | {r['together_hits']}/{r['documents']} | "
+                f"{r['alone_hits']}/{r['documents']} | {r['same_key_as_alone']}/{r['documents']} "
+                f"| {', '.join(map(str, r['shares']))} | {r['together_s']:.1f} / "
+                f"{r['alone_s']:.1f} |"
+            )
+        lines.append("")
+    lines += ["## Targets", ""]
+    for target, measured, ok in targets(result):
+        lines.append(f"- {'met' if ok else 'MISSED'}: {target}: {measured}")
+    path = out_dir / "concurrency.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
