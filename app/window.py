@@ -31,6 +31,8 @@ from engine import DocumentError, Done, Evicted, Progress, Recalled, Token
 from engine.documents import load_document
 from engine.monitor import MemoryMonitor
 from engine.policies import label as policy_label
+from engine.sampling import Sampling
+from engine.spec import RequestSpec
 from engine.trace import MemoryMap
 
 from .chat import ChatView, MessageInput
@@ -364,18 +366,24 @@ class MainWindow(QMainWindow):
                 kind,
                 self.document_text(),
                 user_text,
-                self.panel.policy_name(),
-                self.budget.value(),
-                s.max_tokens,
-                self.panel.policy_settings(),
+                RequestSpec(
+                    policy=self.panel.policy_name(),
+                    budget_tokens=self.budget.value(),
+                    kv_type=self.panel.kv_type_name(),
+                    policy_settings=self.panel.policy_settings(),
+                    max_tokens=s.max_tokens,
+                    sampling=Sampling(
+                        temperature=max(s.temperature, REGENERATE_TEMPERATURE)
+                        if fresh
+                        else s.temperature,
+                        seed=random.randrange(2**31) if fresh else None,
+                    ),
+                    answer_prefix=self.job_prefix,
+                ),
                 conversation=cid,
                 history=history,
                 system=s.system_prompt,
-                answer_prefix=self.job_prefix,
-                temperature=max(s.temperature, REGENERATE_TEMPERATURE) if fresh else s.temperature,
-                seed=random.randrange(2**31) if fresh else None,
                 fresh=fresh,
-                kv_type=self.panel.kv_type_name(),
             )
         )
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine import Cancelled, Done, Engine, KvtrimError, Sampling, Session, Token
+from engine import Cancelled, Done, Engine, KvtrimError, Session, Token
+from engine.spec import RequestSpec
 from engine.stats import Event
 
 MAP_EVERY_S = 0.5  # memory maps while a job runs: twice a second, and at the end
@@ -38,30 +39,15 @@ class Job:
     kind: str  # "ask" or "summarize"
     document: str
     question: str
-    policy: str
-    budget_tokens: int
-    max_tokens: int
-    policy_settings: tuple[tuple[str, Any], ...] = ()
+    spec: RequestSpec  # policy, budget, KV type, sampling, answer prefix...
     conversation: int = 0
     history: tuple[tuple[str, str], ...] = ()
     system: str = ""
-    answer_prefix: str = ""
-    temperature: float = 0.0
-    seed: int | None = None
     fresh: bool = False  # read everything again (Regenerate)
-    kv_type: str = "f16"  # the KV cache's type (engine.kvmemory.KV_TYPES)
 
     def key(self) -> tuple[Any, ...]:
         """What a live session must match to be continued."""
-        return (
-            self.conversation,
-            self.policy,
-            self.budget_tokens,
-            self.kv_type,
-            self.policy_settings,
-            self.system,
-            self.document,
-        )
+        return (self.conversation, self.spec.session_key(), self.system, self.document)
 
     def transcript(self) -> str:
         """The document followed by the earlier turns, as plain text."""
@@ -181,8 +167,8 @@ class EngineWorker(QObject):
             self.busy.emit(False)
 
     def _start(self, job: Job) -> tuple[Session, Iterator[Event]]:
-        sampling = Sampling(temperature=job.temperature, seed=job.seed)
-        gen: dict[str, Any] = {"max_tokens": job.max_tokens, "sampling": sampling}
+        spec = job.spec
+        gen: dict[str, Any] = {"max_tokens": spec.max_tokens, "sampling": spec.sampling}
         chat = self._chat
         if (
             job.kind == "ask"
@@ -191,19 +177,17 @@ class EngineWorker(QObject):
             and chat.key == job.key()
             and chat.turns == len(job.history)
         ):
-            prefix = job.answer_prefix
+            prefix = spec.answer_prefix
             return chat.session, chat.session.follow_up(job.question, answer_prefix=prefix, **gen)
         self._drop_chat()
-        session = self._engine.session(
-            job.policy, job.budget_tokens, kv_type=job.kv_type, **dict(job.policy_settings)
-        )
+        session = spec.open(self._engine)
         if job.kind == "summarize":
             return session, session.summarize(job.document, system=job.system, **gen)
         return session, session.ask(
             job.transcript(),
             job.question,
             system=job.system,
-            answer_prefix=job.answer_prefix,
+            answer_prefix=spec.answer_prefix,
             **gen,
         )
 

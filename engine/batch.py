@@ -8,7 +8,7 @@ A file in a folder keeps its path under that folder (``notes/a/x.txt`` becomes
 ``summaries/a/x.txt.md``); names that would still collide get ``-2``, ``-3``.
 Each summary is written atomically as soon as it is done, so a failure later
 (a full disk) loses none that finished. Every file's session is opened with the
-same ``RunSettings`` as a single file's (run_settings.py).
+same ``RequestSpec`` as a single file's (spec.py).
 
 With ``parallel > 1`` that many documents are read at once, each a sequence of
 one shared context (pool.py) whose cells are what one document's session would
@@ -33,9 +33,9 @@ from .errors import Cancelled, KvtrimError, OutputError
 from .kvmemory import pad
 from .policies import make_policy
 from .pool import KVPool
-from .run_settings import RunSettings
 from .runtime import Engine
 from .session import default_threads
+from .spec import RequestSpec
 from .stats import Done, Event, KVStats
 
 _MB = 2**20
@@ -168,7 +168,7 @@ def _markdown(item: FileSummary) -> str:
 def _summarize(
     engine: Engine,
     path: Path,
-    settings: RunSettings,
+    settings: RequestSpec,
     on_event: Callable[[Path, Event], None] | None,
     pool: KVPool | None = None,
 ) -> Done:
@@ -206,7 +206,7 @@ def summarize_many(
     engine: Engine,
     sources: Sequence[Source],
     out_dir: Path,
-    settings: RunSettings,
+    settings: RequestSpec,
     on_event: Callable[[Path, Event], None] | None = None,
     parallel: int = 1,
     *,
@@ -260,7 +260,7 @@ def summarize_many(
 
 
 def make_pool(
-    engine: Engine, settings: RunSettings, parallel: int, share: str = "length"
+    engine: Engine, settings: RequestSpec, parallel: int, share: str = "length"
 ) -> KVPool:
     """A pool for ``parallel`` documents with the KV cells of one document's session
     (``budget + chunk``, as llama.cpp rounds them)."""
@@ -280,7 +280,7 @@ def make_pool(
     )
 
 
-def default_parallel(engine: Engine, settings: RunSettings, n_files: int) -> int:
+def default_parallel(engine: Engine, settings: RequestSpec, n_files: int) -> int:
     """Documents to read at once when ``--parallel`` is not given: up to 4 (more
     gains little on a CPU: docs/multiseq.md), never more than the files, and only
     as many as a quarter of the free RAM holds (each adds a sliding window of KV)."""

@@ -30,10 +30,10 @@ from .models_cli import add_parser as add_models_parser
 from .models_cli import main as models_main
 from .monitor import MemoryMonitor
 from .policies import POLICIES, help_lines, make_policy
-from .run_settings import RunSettings
 from .runtime import Engine
 from .serve import cli as serve_cli
 from .session import MIN_CHUNK, Session
+from .spec import RequestSpec
 from .stats import Done, Evicted, Progress, Token
 
 _MB = 1024 * 1024
@@ -256,7 +256,7 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise DocumentError(f"{names}: a directory with no documents ({', '.join(SUFFIXES)})")
     out_dir = args.out or Path("summaries")
     prepare_out_dir(out_dir)  # a bad --out fails before the model loads
-    settings = RunSettings.from_args(args)
+    settings = RequestSpec.from_args(args)
     bar = tqdm(total=len(sources), file=err, disable=args.json or not err.isatty(), unit="file")
 
     def progress(path: Path, event: object) -> None:
@@ -300,7 +300,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return _batch(args, out, err)
         args.file = args.file[0]
     text = load_document(args.file)
-    settings = RunSettings.from_args(args)
+    settings = RequestSpec.from_args(args)
     monitor = MemoryMonitor()
     with _engine(args) as engine:
         if engine.model.device_note:

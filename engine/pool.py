@@ -90,7 +90,7 @@ class Slot:
         self.cancel_event = threading.Event()
         self.stats: KVStats | None = None  # the session's, for /metrics
         self.started = time.time()
-        self.last_done = 0.0  # monotonic time its last step was decoded
+        self.last_done = 0.0  # monotonic time its last step was decoded (the scheduler's)
         self._out: np.ndarray | None = None
         self._closed = False
 
@@ -170,10 +170,11 @@ class KVPool:
         swa_full: bool = False,
         n_batch: int = 512,
         share: str = "length",
-        gather_s: float = 0.005,
+        gather_s: float = 0.03,
     ) -> None:
         """``cells``: the global KV budget (rounded up to 256 by llama.cpp);
-        ``gather_s``: how long a step waits for the other running sequences."""
+        ``gather_s``: how long a step waits at most for the other running sequences
+        (a quarter of the last decode's time, within 2 ms..``gather_s``)."""
         if not 1 <= max_seqs <= 64:
             raise ConfigError(f"parallel sequences must be 1..64, got {max_seqs}")
         if share not in SHARES:
@@ -220,6 +221,7 @@ class KVPool:
         self.peak_seqs = 0
         self.peak_cells = 0  # most cells held by all sequences at once
         self.decode_s = 0.0
+        self._last_decode_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
         self._thread.start()
 
@@ -371,14 +373,13 @@ class KVPool:
                     if not step.taken:  # still queued: leave at once
                         self._pending.remove(step)
                         raise Cancelled("cancelled")
-        slot.last_done = time.monotonic()
         if step.error is not None:
             raise step.error
         return step
 
     def _expected(self, now: float) -> int:
         """Sequences that will most likely send a step soon: those queued and those
-        whose last step ran within the last 50 ms (they are between tokens)."""
+        whose last step ended within the last 50 ms (they are between tokens)."""
         queued = {s.seq for s in self._pending}
         recent = {seq for seq, s in self._slots.items() if s.last_done and now - s.last_done < 0.05}
         return len(queued | recent)
@@ -394,7 +395,11 @@ class KVPool:
                         step.done.set()
                     self._pending.clear()
                     return
-                deadline = time.monotonic() + self.gather_s
+                # the sequences of the last batch come back after their sampling and
+                # bookkeeping (serialized by the CPU lock): waiting for them keeps the
+                # batch whole instead of splitting it in two smaller, dearer decodes
+                wait = min(self.gather_s, max(0.002, self._last_decode_s / 4))
+                deadline = time.monotonic() + wait
                 while len(self._pending) < self._expected(time.monotonic()):
                     left = deadline - time.monotonic()
                     if left <= 0 or self._closed:
@@ -456,10 +461,15 @@ class KVPool:
         finally:
             self.steps += 1
             self.tokens += len(entries)
-            self.decode_s += time.perf_counter() - t0
+            self._last_decode_s = time.perf_counter() - t0
+            self.decode_s += self._last_decode_s
             held = sum(s.stats.cells_used for s in self._slots.values() if s.stats)
             self.peak_cells = max(self.peak_cells, held)
+            now = time.monotonic()
             for step in steps:
+                slot = self._slots.get(step.seq)
+                if slot is not None:
+                    slot.last_done = now  # it will most likely be back for the next batch
                 step.done.set()
 
     # -- figures ----------------------------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from app.worker import Job, WorkerThread
 from engine import Cancelled, Done, KVStats, ModelError, Progress, Token
+from engine.spec import RequestSpec
 
 
 def _stats() -> KVStats:
@@ -76,7 +78,7 @@ class FakeEngine:
         self.closed = True
 
 
-JOB = Job("ask", "a document", "a question?", "snapkv", 256, 8)
+JOB = Job("ask", "a document", "a question?", RequestSpec("snapkv", 256, max_tokens=8))
 
 
 @pytest.fixture
@@ -115,14 +117,16 @@ def test_job_kv_type_reaches_engine_session(qtbot, worker_thread):
     wt = worker_thread(lambda path, layers, threads: engine)
     with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
         wt.requests.load_model.emit(None, 0, None)
-    job = Job("ask", "a document", "q?", "snapkv", 256, 8, (("window", 16),), kv_type="q8_0")
-    assert job.key() != Job("ask", "a document", "q?", "snapkv", 256, 8, (("window", 16),)).key()
+    spec = RequestSpec("snapkv", 256, policy_settings=(("window", 16),), max_tokens=8)
+    job = Job("ask", "a document", "q?", replace(spec, kv_type="q8_0"))
+    assert job.key() != Job("ask", "a document", "q?", spec).key()
     with qtbot.waitSignal(
         wt.results.event, timeout=5000, check_params_cb=lambda e: isinstance(e, Done)
     ):
         wt.requests.run.emit(job)
-    assert engine.kwargs == [{"kv_type": "q8_0", "window": 16}]
-    assert JOB.kv_type == "f16"
+    [kwargs] = engine.kwargs
+    assert kwargs["kv_type"] == "q8_0" and kwargs["window"] == 16
+    assert JOB.spec.kv_type is None  # the engine's default
 
 
 def test_cancel_stops_a_running_job(qtbot, worker_thread):
@@ -168,9 +172,7 @@ def test_real_model_answers_through_the_worker(qtbot, worker_thread):
         "ask",
         "Clara repaired the bicycle on Tuesday. " * 40,
         "Who repaired the bicycle?",
-        "snapkv",
-        128,
-        8,
+        RequestSpec("snapkv", 128, max_tokens=8),
     )
     with qtbot.waitSignal(
         wt.results.event, timeout=60_000, check_params_cb=lambda e: isinstance(e, Done)

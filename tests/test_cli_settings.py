@@ -16,8 +16,8 @@ from docs_for_tests import prose
 
 from engine import cli
 from engine.prompts import Prompt
-from engine.run_settings import RunSettings
 from engine.sampling import Sampling
+from engine.spec import RequestSpec
 from engine.stats import Done, KVStats
 
 OPTIONS = [
@@ -157,7 +157,7 @@ def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
     assert code == 0 and json.loads(out)["answer"] == "a summary."
     batch = ("summarize", *map(str, docs), "--out", str(tmp_path / "o"), "--parallel", "1")
     assert _main(*batch)[0] == 0
-    defaults = RunSettings()
+    defaults = RequestSpec()
     for policy, budget, kw in log["sessions"]:
         assert (policy, budget, kw) == ("snapkv", 1024, defaults.session_options())
     for kind, _, gen in log["runs"]:
@@ -174,7 +174,7 @@ def test_ask_passes_the_answer_prefix_and_every_option(log, docs):
 
 
 def test_every_run_option_is_read_into_the_settings():
-    """An option added to ask/summarize must reach RunSettings (or be listed here)."""
+    """An option added to ask/summarize must reach RequestSpec (or be listed here)."""
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summarize = sub.choices["summarize"]
@@ -187,7 +187,7 @@ def test_every_run_option_is_read_into_the_settings():
             read.add(name)
             return getattr(args, name)
 
-    settings = RunSettings.from_args(Spy())  # type: ignore[arg-type]
+    settings = RequestSpec.from_args(Spy())  # type: ignore[arg-type]
     assert dests - read == ELSEWHERE
     assert settings.session_options() == SESSION and settings.generation() == GENERATION
     assert settings.answer_prefix == "In short," and settings.answer(" text ") == "In short, text"
@@ -209,11 +209,11 @@ def test_a_real_batch_with_options(tmp_path):
 
 def test_parallel_summaries_use_the_same_config(engine):
     """``summarize --parallel`` opens each document's session in a pool from
-    ``RunSettings.config``; it must be the config ``RunSettings.open`` gives."""
+    ``RequestSpec.config``; it must be the config ``RequestSpec.open`` gives."""
     from engine.batch import make_pool
-    from engine.run_settings import RunSettings
+    from engine.spec import RequestSpec
 
-    settings = RunSettings(
+    settings = RequestSpec(
         policy="h2o",
         budget_tokens=300,
         chunk_tokens=48,

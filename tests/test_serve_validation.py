@@ -76,9 +76,9 @@ def _parse_error(model: type, raw: str) -> ApiError:
 
 def test_a_completion_becomes_a_job_with_the_server_defaults():
     job, model = _completion(max_tokens=5, stop="\n", seed=7, temperature=0.3)
-    assert (job.policy, job.budget_tokens, job.max_tokens) == ("snapkv", 256, 5)
+    assert (job.spec.policy, job.spec.budget_tokens, job.spec.max_tokens) == ("snapkv", 256, 5)
     assert job.head == [1] and job.tail == [ord(c) for c in "Hello"]
-    assert list(job.stops) == ["\n"] and job.sampling.seed == 7
+    assert list(job.spec.stops) == ["\n"] and job.spec.sampling.seed == 7
     assert model.calls == [("Hello", True, ())]
     default, _ = _completion()
     assert default.max_tokens == 16  # OpenAI's default for completions
@@ -93,7 +93,7 @@ def test_the_last_tokens_of_a_raw_prompt_vote():
 
 def test_overrides_per_request():
     job, _ = _completion(kv_policy="streaming", kv_budget=128)
-    assert (job.policy, job.budget_tokens) == ("streaming", 128)
+    assert (job.spec.policy, job.spec.budget_tokens) == ("streaming", 128)
     at_limit, _ = _completion(kv_budget=512)
     assert at_limit.budget_tokens == 512
     assert ServerConfig(budget_tokens=1024).kv_budget_limit == 1024  # the default limit
@@ -101,14 +101,14 @@ def test_overrides_per_request():
 
 def test_a_keep_ratio_cuts_the_budget_but_not_below_64():
     job, _ = _completion(prompt="x" * 999, kv_keep_ratio=0.5)  # 1,000 tokens with BOS
-    assert job.budget_tokens == 256  # min(budget, 500)
+    assert job.spec.budget_tokens == 256  # min(budget, 500)
     job, _ = _completion(prompt="x" * 999, kv_keep_ratio=0.1)
-    assert job.budget_tokens == 100
+    assert job.spec.budget_tokens == 100
     job, _ = _completion(prompt="x" * 99, kv_keep_ratio=0.1)
-    assert job.budget_tokens == 64
+    assert job.spec.budget_tokens == 64
     ratio = ServerConfig(budget_tokens=256, keep_ratio=0.25)
     job, _ = _completion(ratio, prompt="x" * 399)
-    assert job.budget_tokens == 100
+    assert job.spec.budget_tokens == 100
 
 
 def test_a_chat_uses_the_template_and_its_own_max_tokens():
@@ -117,7 +117,7 @@ def test_a_chat_uses_the_template_and_its_own_max_tokens():
         {"role": "user", "content": [{"type": "text", "text": "Hi?"}, {"type": "image"}]},
     ]
     job, model = _chat(messages, max_completion_tokens=9, max_tokens=3, stop=["END"])
-    assert job.max_tokens == 9 and "END" in job.stops and "\nQuestion:" in job.stops
+    assert job.spec.max_tokens == 9 and "END" in job.spec.stops and "\nQuestion:" in job.spec.stops
     assert model.calls[0] == ("Be brief.\n\n", True, ())  # developer is system
     assert model.calls[1] == ("Question: Hi?\nAnswer:", False, ())
     assert _chat([{"role": "user", "content": "x"}])[0].max_tokens == CONFIG.max_tokens
@@ -134,7 +134,7 @@ def test_control_token_text_is_allowed_as_plain_text():
 
 def test_a_tiny_temperature_is_greedy_not_an_error():
     job, _ = _completion(temperature=1e-320)
-    assert job.sampling.temperature == 0.0
+    assert job.spec.sampling.temperature == 0.0
 
 
 # requests the server refuses, before any tokenizing when it can

@@ -190,8 +190,8 @@ def test_metrics_count_what_happened(server, client):
 
 
 def test_a_full_queue_refuses_instead_of_growing():
-    from engine.sampling import Sampling
     from engine.serve.runner import EngineRunner, Job, Overloaded
+    from engine.spec import RequestSpec
 
     release = threading.Event()
 
@@ -210,7 +210,7 @@ def test_a_full_queue_refuses_instead_of_growing():
             return SlowSession()
 
     runner = EngineRunner(SlowEngine(), max_queue=1)
-    job = Job([1], [2], "snapkv", 64, (), 4, Sampling(), ())
+    job = Job([1], [2], RequestSpec("snapkv", 64, max_tokens=4))
     first = runner.submit(job)
     with pytest.raises(Overloaded, match="retry later"):
         runner.submit(job)

@@ -34,9 +34,9 @@ from ..batch import FileSummary, Source, summarize_many
 from ..policies import make_policy
 from ..pool import QUESTION_ROOM, SLACK, KVPool
 from ..prompts import ask_prompt
-from ..run_settings import RunSettings
 from ..runtime import Engine
 from ..session import default_threads
+from ..spec import RequestSpec
 from .records import Records
 from .tasks import key_for, real_text
 
@@ -200,7 +200,7 @@ def summarize_part(
         path = folder / f"doc{i}-{n}.txt"
         path.write_text(real_text(engine, n, 20_000 + 9_000 * i))
         sources.append(Source(path, Path(path.name)))
-    settings = RunSettings(budget_tokens=cfg.summary_budget, max_tokens=cfg.summary_tokens)
+    settings = RequestSpec(budget_tokens=cfg.summary_budget, max_tokens=cfg.summary_tokens)
     runs = [(1, "length"), (cfg.parallel, "length"), (cfg.parallel, "even")]
     for parallel, share in runs:
         pools: list[KVPool] = []

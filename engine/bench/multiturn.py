@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..monitor import MemoryMonitor
+from ..policies import evicts
 from ..runtime import Engine
 from ..stats import Done, Recalled
 from .records import Records
@@ -127,7 +128,7 @@ def conversation(
     hit and a time per question. ``mode``: see the module docstring."""
     monitor = MemoryMonitor()
     recall = None if mode in ("followup", "full") else 0
-    size = budget if policy != "full" else len(engine.model.tokenize(doc)) + 256
+    size = budget if evicts(policy) else len(engine.model.tokenize(doc)) + 256
     answers: list[dict[str, Any]] = []
     with engine.session(policy, size, recall_tokens=recall) as s:
         start = time.perf_counter()
@@ -162,7 +163,7 @@ def conversation(
         "task": "multiturn",
         "policy": policy,
         "budget_tokens": budget,
-        "mode": mode if policy != "full" else "full",
+        "mode": mode if evicts(policy) else "full",
         "summary": summary.text.strip()[:200],
         "summary_s": summary_s,
         "hits": sum(a["hit"] for a in answers),

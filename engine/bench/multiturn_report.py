@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..kvmemory import pad
+from ..policies import keeps_all
 
 _MB = 2**20
 TARGET_BUDGET = 1024
@@ -46,8 +47,8 @@ def rows(result: dict[str, Any]) -> list[tuple[tuple[str, int, str], dict[str, A
 def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The issue's targets, measured at budget 1,024 (or the grid's largest)."""
     table = dict(rows(result))
-    full = next((v for (p, _, _), v in table.items() if p == "full"), None)
-    budgets = sorted({b for (p, b, _) in table if p != "full"})
+    full = next((v for (p, _, _), v in table.items() if keeps_all(p)), None)
+    budgets = sorted({b for (p, b, _) in table if not keeps_all(p)})
     if full is None or not budgets:
         return []
     budget = TARGET_BUDGET if TARGET_BUDGET in budgets else budgets[-1]

@@ -14,17 +14,16 @@ starts it from an empty cache), which saves allocating a context per request.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, KvtrimError
-from ..policies import make_policy
 from ..pool import KVPool
 from ..runtime import Engine
-from ..sampling import Sampling
-from ..session import Session, SessionConfig, default_threads
+from ..session import Session, default_threads
+from ..spec import RequestSpec
 from ..stats import Done, Event, Result
 
 Sink = Callable[[Event], None]
@@ -40,16 +39,12 @@ class ShuttingDown(KvtrimError):
 
 @dataclass
 class Job:
-    """One request's work: tokens to read (``tail`` votes), then generation."""
+    """One request's work: tokens to read (``tail`` votes), then generation, with
+    the settings of ``spec``."""
 
     head: list[int]
     tail: list[int]
-    policy: str
-    budget_tokens: int
-    policy_settings: tuple[tuple[str, Any], ...]
-    max_tokens: int
-    sampling: Sampling
-    stops: Sequence[str]
+    spec: RequestSpec
     sink: Sink | None = None  # each event, called on the engine thread
     label: str = ""  # shown in /metrics (the endpoint)
     _cancelled: threading.Event = field(default_factory=threading.Event)
@@ -163,8 +158,13 @@ class EngineRunner:
             self._finished(job)
 
     def _events(self, job: Job, session: Session) -> Result:
+        spec = job.spec
         events = session.run_tokens(
-            job.head, job.tail, max_tokens=job.max_tokens, sampling=job.sampling, stops=job.stops
+            job.head,
+            job.tail,
+            max_tokens=spec.max_tokens,
+            sampling=spec.sampling,
+            stops=spec.stops or (),
         )
         for event in events:
             if job.sink is not None:
@@ -180,12 +180,10 @@ class EngineRunner:
         try:
             if job._cancelled.is_set():
                 raise Cancelled("the client went away before the request started")
-            config = SessionConfig(budget_tokens=job.budget_tokens, **dict(job.policy_settings))
-            n_tokens = len(job.head) + len(job.tail) + job.max_tokens
-            session = self.pool.open(  # type: ignore[assignment]
-                make_policy(job.policy), config, n_tokens, cancel=job._cancelled, label=job.label
+            n_tokens = len(job.head) + len(job.tail) + job.spec.max_tokens
+            session = job.spec.open_in(
+                self.engine, self.pool, n_tokens, cancel=job._cancelled, label=job.label
             )
-            assert session is not None
             job._session = session
             if job._cancelled.is_set():
                 raise Cancelled("cancelled")
@@ -201,12 +199,10 @@ class EngineRunner:
             self._finished(job)
 
     def _session_for(self, job: Job) -> Session:
-        key = (job.policy, job.budget_tokens, job.policy_settings)
+        key = job.spec.session_key()
         if self._session is None or key != self._key:
             self._close_session()
-            self._session = self.engine.session(
-                job.policy, job.budget_tokens, **dict(job.policy_settings)
-            )
+            self._session = job.spec.open(self.engine)
             self._key = key
         return self._session
 

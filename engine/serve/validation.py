@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..policies import POLICIES
 from ..prompts import chat_prompt
 from ..sampling import Sampling
+from ..spec import RequestSpec
 from .api_errors import ApiError, invalid
 from .config import ServerConfig
 from .runner import Job
@@ -170,4 +171,11 @@ class JobBuilder:
         max_tokens: int,
     ) -> Job:
         budget = budget_for(req, self.config, policy, len(head) + len(tail), max_tokens)
-        return Job(head, tail, policy, budget, (), max_tokens, sampling(req), stops)
+        spec = RequestSpec(
+            policy=policy,
+            budget_tokens=budget,
+            max_tokens=max_tokens,
+            sampling=sampling(req),
+            stops=tuple(stops),
+        )
+        return Job(head, tail, spec)
