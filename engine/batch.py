@@ -281,14 +281,22 @@ def make_pool(
 
 
 def default_parallel(engine: Engine, settings: RequestSpec, n_files: int) -> int:
-    """Documents to read at once when ``--parallel`` is not given: up to 4 (more
-    gains little on a CPU: docs/multiseq.md), never more than the files, and only
+    """Documents to read at once when ``--parallel`` is not given.
+
+    On a CPU: one. Reading is bound by arithmetic there, so batching documents
+    gains nothing, and the shared budget gives each a smaller share, so more
+    evictions (measured: 8 documents of 2K-8K tokens took 0.80x as long one by one
+    as with ``--parallel 4``, BENCHMARKS.md). With layers on a GPU, where a decode
+    is bound by reading the weights: up to 4, never more than the files, and only
     as many as a quarter of the free RAM holds (each adds a sliding window of KV)."""
     import psutil
 
-    layout = engine.model.info.kv_layout()
-    window = engine.model.info.n_swa + 512
-    per_seq = window * layout.swa_cell_bytes + 1024 * layout.global_cell_bytes
+    model = engine.model
+    if not (model.n_gpu_layers != 0 and model.gpu_offload):
+        return 1
+    layout = model.info.kv_layout()
+    window = model.info.n_swa + 512
+    per_seq = window * layout.swa_cell_bytes + settings.budget_tokens * layout.global_cell_bytes
     fits = int(psutil.virtual_memory().available // 4 // max(per_seq, 1))
     return max(1, min(4, n_files, fits))
 

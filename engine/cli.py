@@ -87,7 +87,8 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
             default=None,
             metavar="N",
             help="documents read at once, as sequences of one context sharing the KV "
-            "memory of one (default: up to 4, as free memory allows; 1: one by one)",
+            "memory of one (default: 1 on a CPU, where it does not pay; up to 4 with "
+            "--gpu-layers, as free memory allows)",
         )
     else:
         p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")

@@ -46,6 +46,7 @@ SESSION = {
     "kv_type": "q8_0",
     "swa_cache": "full",
     "whole_words": True,
+    "recall_tokens": None,
 }
 ENGINE = {"kv_type": "q8_0", "swa_cache": "full", "n_threads": 1}  # cli._engine's
 GENERATION = {"max_tokens": 7, "sampling": Sampling(0.5, 0.9, 3), "stops": ["END", "STOP"]}
@@ -157,7 +158,7 @@ def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
     assert code == 0 and json.loads(out)["answer"] == "a summary."
     batch = ("summarize", *map(str, docs), "--out", str(tmp_path / "o"), "--parallel", "1")
     assert _main(*batch)[0] == 0
-    defaults = RequestSpec()
+    defaults = RequestSpec(kv_type="f16", swa_cache="window")  # the CLI's defaults
     for policy, budget, kw in log["sessions"]:
         assert (policy, budget, kw) == ("snapkv", 1024, defaults.session_options())
     for kind, _, gen in log["runs"]:

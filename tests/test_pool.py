@@ -224,3 +224,45 @@ def test_a_bad_sequence_id_is_an_error_not_an_abort(engine, pool):
         pool.ctx.seq_rm(0, -1, seq=pool.max_seqs)
     with pytest.raises(EngineError, match="outside"):
         pool.ctx.decode([1], 0, logits=False, seq=-1)
+
+
+def test_summarize_parallel_writes_every_file_and_skips_a_bad_one(engine, tmp_path):
+    from engine.batch import Source, default_parallel, summarize_many
+    from engine.spec import RequestSpec
+
+    docs = []
+    for i, words in enumerate((30, 120, 60)):
+        path = tmp_path / f"d{i}.txt"
+        path.write_text(prose(words, seed=40 + i))
+        docs.append(Source(path, Path(path.name)))
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.4 not really")
+    docs.insert(1, Source(bad, Path(bad.name)))
+    spec = RequestSpec(budget_tokens=512, max_tokens=8)
+    assert default_parallel(engine, spec, 8) == 1  # a CPU: one by one (see batch.py)
+    pools: list[KVPool] = []
+    results = summarize_many(engine, docs, tmp_path / "out", spec, parallel=3, pools=pools)
+    assert [r.path.name for r in results] == ["d0.txt", "bad.pdf", "d1.txt", "d2.txt"]
+    assert results[1].error and results[1].out is None
+    for r in (results[0], results[2], results[3]):
+        assert r.error is None and r.out.read_text().startswith(f"# {r.path.name}")
+        assert r.stats.generated_tokens > 0
+    snap = pools[0].snapshot()
+    assert snap["peak_seqs"] >= 2 and snap["cells"] == 768  # one session's cells, shared
+
+
+def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
+    from types import SimpleNamespace
+
+    from engine.batch import default_parallel
+    from engine.spec import RequestSpec
+
+    gpu = SimpleNamespace(
+        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=True, info=engine.model.info)
+    )
+    assert default_parallel(gpu, RequestSpec(), 8) == 4
+    assert default_parallel(gpu, RequestSpec(), 2) == 2
+    asked_no_gpu = SimpleNamespace(
+        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=False, info=engine.model.info)
+    )
+    assert default_parallel(asked_no_gpu, RequestSpec(), 8) == 1  # a CPU-only build

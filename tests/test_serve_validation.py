@@ -81,7 +81,7 @@ def test_a_completion_becomes_a_job_with_the_server_defaults():
     assert list(job.spec.stops) == ["\n"] and job.spec.sampling.seed == 7
     assert model.calls == [("Hello", True, ())]
     default, _ = _completion()
-    assert default.max_tokens == 16  # OpenAI's default for completions
+    assert default.spec.max_tokens == 16  # OpenAI's default for completions
 
 
 def test_the_last_tokens_of_a_raw_prompt_vote():
@@ -95,7 +95,7 @@ def test_overrides_per_request():
     job, _ = _completion(kv_policy="streaming", kv_budget=128)
     assert (job.spec.policy, job.spec.budget_tokens) == ("streaming", 128)
     at_limit, _ = _completion(kv_budget=512)
-    assert at_limit.budget_tokens == 512
+    assert at_limit.spec.budget_tokens == 512
     assert ServerConfig(budget_tokens=1024).kv_budget_limit == 1024  # the default limit
 
 
@@ -120,7 +120,7 @@ def test_a_chat_uses_the_template_and_its_own_max_tokens():
     assert job.spec.max_tokens == 9 and "END" in job.spec.stops and "\nQuestion:" in job.spec.stops
     assert model.calls[0] == ("Be brief.\n\n", True, ())  # developer is system
     assert model.calls[1] == ("Question: Hi?\nAnswer:", False, ())
-    assert _chat([{"role": "user", "content": "x"}])[0].max_tokens == CONFIG.max_tokens
+    assert _chat([{"role": "user", "content": "x"}])[0].spec.max_tokens == CONFIG.max_tokens
 
 
 def test_control_token_text_is_allowed_as_plain_text():
@@ -181,7 +181,7 @@ def test_the_full_cache_must_hold_the_prompt_and_the_answer():
     assert error.code == "context_length_exceeded" and error.param == "prompt"
     assert "never evicts" in str(error)
     fits, _ = _completion(prompt="x" * 40, kv_policy="full", kv_budget=64, max_tokens=8)
-    assert fits.policy == "full" and fits.budget_tokens == 64
+    assert fits.spec.policy == "full" and fits.spec.budget_tokens == 64
     long_answer = _refused(
         _completion, prompt="x" * 40, kv_policy="full", kv_budget=64, max_tokens=30
     )

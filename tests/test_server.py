@@ -237,3 +237,24 @@ def test_chat_prompt_for_a_base_model(engine):
     assert p.suffix == "Question: Who?\nAnswer:" and "\nQuestion:" in p.stops
     with pytest.raises(ValueError, match="last message"):
         chat_prompt(engine.model, [{"role": "assistant", "content": "x"}])
+
+
+def test_metrics_show_each_running_request_in_the_pool(server, client):
+    if server.parallel == 1:
+        pytest.skip("one request at a time: no pool")
+    body = {"prompt": prose(300, seed=9), "max_tokens": 60, "stream": True, "kv_budget": 128}
+    seen = ""
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", json=body, headers=_auth(), timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                seen = httpx.get(f"{server}/metrics", headers=_auth()).text
+                break
+    assert 'kvtrim_sequence_share_cells{seq="' in seen
+    assert 'kvtrim_sequence_evictions{seq="' in seen and "kvtrim_pool_active_sequences 1.0" in seen
+    time.sleep(0.5)
+    after = httpx.get(f"{server}/metrics", headers=_auth()).text
+    assert "kvtrim_sequence_share_cells{" not in after  # it left: its sequence is free
+    assert "kvtrim_pool_active_sequences 0.0" in after
+    assert "kvtrim_request_share_ratio_count" in after

@@ -11,8 +11,8 @@ Three parts, each measured in one run so that ratios compare like with like:
   ``--parallel 4`` (shares by length and even), the pool holding the KV cells
   of one document's session; wall time, peak cells and KV bytes.
 - ``needles``: documents with a pass key asked alone and together (a pool with
-  room for every session whole: only batching differs), and in a pool of one
-  session's cells split by length or evenly.
+  room for every session whole: only batching differs), and in a pool of two
+  sessions' cells (half what the four need) split by length or evenly.
 
 Units: seconds, bytes, cells (one cell holds one token of every layer).
 """
@@ -181,7 +181,7 @@ def server_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], N
                         (str(k) in a) == (str(k) in b)
                         for k, a, b in zip(keys, got["answers"], base, strict=True)
                     ),
-                    **{k: v for k, v in got.items() if k != "answers"},
+                    **got,
                     "pool": _metrics(url) if parallel > 1 else {},
                 }
                 emit(record)
@@ -283,8 +283,8 @@ def needles_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], 
     one = budget + budget // 4 + QUESTION_ROOM + SLACK
     for label, cells, share in (
         ("room for every session", whole, "length"),
-        ("one session's cells, by length", one * 2, "length"),
-        ("one session's cells, even", one * 2, "even"),
+        ("two sessions' cells, by length", one * 2, "length"),
+        ("two sessions' cells, even", one * 2, "even"),
     ):
         answers, wall, snap = _together(engine, docs, budget, cells, share)
         emit(

@@ -115,12 +115,13 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
         for (p, c), r in sorted(server.items()):
             who = "one at a time" if p == 1 else f"parallel {p}, {r['kv_cells']} cells"
             ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
-            mean = r["pool"].get("kvtrim_pool_batch_tokens_mean", 0.0)
+            mean = r["pool"].get("kvtrim_pool_batch_tokens_mean")
             lines.append(
                 f"| {who} | {c} | {r['requests_per_s']:.2f} | {ratio:.2f} | "
                 f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | "
                 f"{r['generated_tokens_per_s']:.1f} | {r['key_hits']}/{r['requests']} | "
-                f"{r['same_key_as_alone']}/{r['requests']} | {mean:.1f} |"
+                f"{r['same_key_as_alone']}/{r['requests']} | "
+                f"{'' if mean is None else f'{mean:.1f}'} |"
             )
         lines.append("")
     summ = _summaries(result)
