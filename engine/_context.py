@@ -44,6 +44,7 @@ class NativeContext:
         type_v: int = KV_TYPES["f16"],
         cancel_event: threading.Event | None = None,
         n_seq_max: int = 1,
+        kv_unified: bool = True,
     ) -> None:
         """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
         batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
@@ -60,6 +61,7 @@ class NativeContext:
             "type_v": type_v,
             "cancel_event": self.cancel_event,
             "n_seq_max": n_seq_max,
+            "kv_unified": kv_unified,
         }
         self.n_seq_max = n_seq_max
         self.capture = capture
@@ -69,7 +71,9 @@ class NativeContext:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
-        params.kv_unified = True  # one pool: a sequence takes only the cells it uses
+        # one pool (a sequence takes only the cells it uses), or one KV stream of
+        # n_ctx / n_seq_max cells per sequence (docs/multiseq.md)
+        params.kv_unified = kv_unified
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.swa_full = swa_full
@@ -96,6 +100,8 @@ class NativeContext:
                 f"could not allocate a KV cache of {n_ctx} cells; try a smaller --budget"
             ) from exc
         self.n_ctx = self._ctx.n_ctx()
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
+        self.kv_unified = kv_unified
         self.n_batch = n_batch
         info = model.info
         self.swa_cells = (
@@ -104,6 +110,8 @@ class NativeContext:
             else self.n_ctx
             if swa_full
             else swa_cells(self.n_ctx, info.n_swa, n_batch, n_seq_max)
+            if kv_unified
+            else swa_cells(self.n_ctx_seq, info.n_swa, n_batch) * n_seq_max
         )
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
@@ -135,9 +143,11 @@ class NativeContext:
         self,
         entries: Sequence[tuple[int, int, int, bool]],
         segments: Sequence[Segment] = (),
+        n_streams: int = 1,
     ) -> list[Captured]:
         """Decode ``(seq, token, position, wants_logits)`` entries in one
-        ``llama_decode``; capture the attention of ``segments`` (batch rows)."""
+        ``llama_decode``; capture the attention of ``segments`` (rows of the batch,
+        or with ``n_streams`` > 1 of each stream: see capture.py)."""
         n = len(entries)
         if not 0 < n <= self.n_batch:
             raise EngineError(f"decode of {n} tokens does not fit a batch of {self.n_batch}")
@@ -156,7 +166,7 @@ class NativeContext:
         if segments:
             if self.capture is None:
                 raise EngineError("this context was made without attention capture")
-            self.capture.arm(n, segments)
+            self.capture.arm(n // n_streams, segments, n_streams)
         rc = llama_cpp.llama_decode(self._ctx.ctx, b)
         got = self.capture.take() if segments and self.capture is not None else []
         if rc == 0:
@@ -177,8 +187,8 @@ class NativeContext:
 
     @property
     def n_cells(self) -> int:
-        """Cells of the cache (the columns of the attention tensor)."""
-        return self.n_ctx
+        """Cells of one sequence's cache (the columns of the attention tensor)."""
+        return self.n_ctx if self.kv_unified else self.n_ctx_seq
 
     def logits_at(self, i: int) -> np.ndarray:
         """Logits of batch entry ``i`` of the last decode (it must have asked)."""

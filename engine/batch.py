@@ -212,6 +212,7 @@ def summarize_many(
     *,
     share: str = "length",
     pools: list[KVPool] | None = None,
+    layout: str = "shared",
 ) -> list[FileSummary]:
     """Summarize each source into ``out_dir/<out_name>`` with ``settings``, writing
     each as it is done, ``parallel`` at once; returns one result per source, in
@@ -224,7 +225,7 @@ def summarize_many(
     lock = threading.Lock()
     pool = None
     if parallel > 1 and len(sources) > 1:
-        pool = make_pool(engine, settings, min(parallel, len(sources)), share)
+        pool = make_pool(engine, settings, min(parallel, len(sources)), share, layout)
         if pools is not None:
             pools.append(pool)
 
@@ -260,7 +261,11 @@ def summarize_many(
 
 
 def make_pool(
-    engine: Engine, settings: RequestSpec, parallel: int, share: str = "length"
+    engine: Engine,
+    settings: RequestSpec,
+    parallel: int,
+    share: str = "length",
+    layout: str = "shared",
 ) -> KVPool:
     """A pool for ``parallel`` documents with the KV cells of one document's session
     (``budget + chunk``, as llama.cpp rounds them)."""
@@ -277,6 +282,7 @@ def make_pool(
         swa_full=config.swa_cache == "full",
         n_batch=min(config.batch_tokens, config.chunk()),
         share=share,
+        layout=layout,
     )
 
 

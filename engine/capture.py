@@ -36,13 +36,15 @@ class Captured:
 
 @dataclass(frozen=True)
 class Segment:
-    """The batch rows ``[start, stop)`` of one sequence: keep its last ``rows``
-    attention rows (0: none) and, with ``visibility``, which cells each row saw."""
+    """The rows ``[start, stop)`` of one sequence in KV stream ``stream`` of the
+    batch: keep its last ``rows`` attention rows (0: none) and, with
+    ``visibility``, which cells each row saw."""
 
     start: int
     stop: int
     rows: int
     visibility: bool
+    stream: int = 0
 
     @property
     def wanted(self) -> bool:
@@ -66,7 +68,9 @@ class AttentionCapture:
     One decode may hold several sequences (see pool.py): each is a ``Segment``
     of the batch's rows, and ``take`` returns one ``Captured`` per segment. With
     one shared cache (``kv_unified``) the tensor has one stream and rows in batch
-    order; another sequence's cells are masked, probability exactly 0.
+    order; another sequence's cells are masked, probability exactly 0. With one
+    KV stream per sequence it is ``[n_kv, rows, heads, streams]``: each sequence
+    has its own stream slot, rows and cells (docs/multiseq.md §2).
     """
 
     def __init__(self, layers: Sequence[int]) -> None:
@@ -77,15 +81,18 @@ class AttentionCapture:
         self._armed = False
         self._parts: list[_Part] = []
         self._n_rows = 0
+        self._n_streams = 1
         self._seconds = 0.0
         self.error: BaseException | None = None
         self.c_callback = _ggml.make_eval_callback(self._on_tensor)
 
-    def arm(self, n_rows: int, segments: Sequence[Segment]) -> None:
-        """Capture the next decode of ``n_rows`` batch rows for ``segments``."""
+    def arm(self, n_rows: int, segments: Sequence[Segment], n_streams: int = 1) -> None:
+        """Capture the next decode of ``n_rows`` rows in each of ``n_streams`` KV
+        streams for ``segments``."""
         self._parts = [_Part(s) for s in segments]
         self._armed = any(s.wanted for s in segments)
         self._n_rows = n_rows
+        self._n_streams = n_streams
         self._seconds = 0.0
         self.error = None
 
@@ -120,19 +127,36 @@ class AttentionCapture:
         return True
 
     def _read(self, tensor: int) -> None:
-        _n_kv, n_rows, _heads, n_stream = _ggml.tensor_shape(tensor)
-        if n_rows != self._n_rows or n_stream != 1:
+        _n_kv, n_rows, n_head, n_stream = _ggml.tensor_shape(tensor)
+        if n_rows != self._n_rows or n_stream != self._n_streams:
             raise RuntimeError(
-                f"capture lost track: {n_rows} rows in {n_stream} streams, "
-                f"expected {self._n_rows} in one (one ubatch per decode)"
+                f"capture lost track: {n_rows} rows in {n_stream} streams, expected "
+                f"{self._n_rows} in {self._n_streams} (one ubatch per decode)"
             )
+        starts = {}
         for part in self._parts:
             seg = part.seg
             need_all = part.layers == 0 and seg.visibility
-            if not (need_all or part.rows):
+            if need_all or part.rows:
+                starts[id(part)] = seg.start if need_all else seg.stop - part.rows
+        # one stream: each segment's own rows; several: the same rows of every
+        # stream at once, each segment then takes its stream's heads
+        shared = None
+        if n_stream > 1 and starts:
+            row0 = min(starts.values())
+            shared = (row0, _ggml.read_rows(tensor, row0, n_rows))
+        for part in self._parts:
+            seg = part.seg
+            if id(part) not in starts:
                 continue
-            row0 = seg.start if need_all else seg.stop - part.rows
-            probs = _ggml.read_rows(tensor, row0, seg.stop)  # (heads, rows, n_kv)
+            need_all = part.layers == 0 and seg.visibility
+            row0 = starts[id(part)]
+            if shared is None:
+                probs = _ggml.read_rows(tensor, row0, seg.stop)  # (heads, rows, n_kv)
+            else:
+                at, block = shared
+                heads = block[seg.stream * n_head : (seg.stream + 1) * n_head]
+                probs = heads[:, row0 - at : seg.stop - at, :]
             if need_all:
                 part.visible = (probs > 0).any(axis=0)
             part.layers += 1

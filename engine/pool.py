@@ -49,6 +49,7 @@ MIN_SHARE = 320  # cells: a 256-token budget and a 64-token chunk
 QUESTION_ROOM = 64  # cells a share keeps for the question's observation window
 SLACK = 16  # cells beyond a job's estimated length (a BOS, a template's extra token)
 SHARES = ("length", "even")
+LAYOUTS = ("shared", "streams")
 
 
 @dataclass(eq=False)
@@ -171,6 +172,7 @@ class KVPool:
         n_batch: int = 512,
         share: str = "length",
         gather_s: float = 0.03,
+        layout: str = "shared",
     ) -> None:
         """``cells``: the global KV budget (rounded up to 256 by llama.cpp);
         ``gather_s``: how long a step waits at most for the other running sequences
@@ -179,6 +181,8 @@ class KVPool:
             raise ConfigError(f"parallel sequences must be 1..64, got {max_seqs}")
         if share not in SHARES:
             raise ConfigError(f"share must be one of {', '.join(SHARES)}")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}")
         if cells < MIN_SHARE:
             raise ConfigError(f"a pool needs at least {MIN_SHARE} cells, got {cells}")
         capture = None
@@ -195,9 +199,13 @@ class KVPool:
         self.max_seqs = max_seqs
         self.share = share
         self.gather_s = gather_s
+        self.layout = layout
+        # streams: each sequence its own cells/N (a multiple of 256, as llama.cpp
+        # rounds a stream), whatever the others use
+        per_stream = max(256, cells // max_seqs // 256 * 256)
         self.ctx = NativeContext(
             model,
-            n_ctx=pad(cells),
+            n_ctx=pad(cells) if layout == "shared" else per_stream * max_seqs,
             n_batch=n_batch,
             n_threads=n_threads,
             capture=capture,
@@ -206,7 +214,9 @@ class KVPool:
             type_k=type_k,
             type_v=type_v,
             n_seq_max=max_seqs,
+            kv_unified=layout == "shared",
         )
+        self.stream_cells = self.ctx.n_ctx_seq  # a sequence's cells at most
         self.kv_layout = model.info.kv_layout(type_k, type_v)
         self._cond = threading.Condition()
         self._ctx_lock = threading.Lock()  # llama.cpp's context is not thread-safe
@@ -239,6 +249,8 @@ class KVPool:
         needs less than an equal part takes only what it needs and the others
         split what it leaves; ``even`` gives each an equal part whatever it needs.
         """
+        if self.layout == "streams":  # each its own stream: no cells to share
+            return {k: min(w, self.stream_cells) for k, (w, _) in wants.items()}
         fixed = {k: w for k, (w, evicts) in wants.items() if not evicts}
         left = self.cells - sum(fixed.values())
         flex = sorted((w, k) for k, (w, evicts) in wants.items() if evicts)
@@ -264,6 +276,8 @@ class KVPool:
             seq: min(s.want, MIN_SHARE) if s.evicts else s.want for seq, s in self._slots.items()
         }
         floor[new] = least
+        if self.layout == "streams":
+            floor = {k: min(f, self.stream_cells) for k, f in floor.items()}
         if any(shares[k] < floor[k] for k in shares):
             return None
         return shares
@@ -281,9 +295,10 @@ class KVPool:
         ``least`` or more (``MIN_SHARE`` for the running ones); the running ones'
         shares shrink to make room (each evicts down to its new share at its next
         step). Waits for a free id and room, or raises ``Cancelled``."""
-        if least > self.cells:
+        most = self.cells if self.layout == "shared" else self.stream_cells
+        if least > most and not (evicts and self.layout == "streams"):
             raise ContextOverflowError(
-                f"the request needs {least} KV cells; the pool has {self.cells}"
+                f"the request needs {least} KV cells; the pool gives at most {most}"
             )
         with self._cond:
             while True:
@@ -419,10 +434,9 @@ class KVPool:
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
         held = sum(s.stats.cells_used for s in self._slots.values() if s.stats)
+        room = self.ctx.n_ctx if self.layout == "shared" else 1 << 62  # streams: own cells
         for step in order:
-            if n + len(step.tokens) <= self.ctx.n_batch and (
-                held + n + len(step.tokens) <= self.ctx.n_ctx
-            ):
+            if n + len(step.tokens) <= self.ctx.n_batch and held + n + len(step.tokens) <= room:
                 chosen.append(step)
                 n += len(step.tokens)
         for step in chosen:
@@ -430,22 +444,48 @@ class KVPool:
             step.taken = True
         return chosen
 
+    def _groups(self, steps: list[_Step]) -> list[list[_Step]]:
+        """The ``llama_decode`` calls of one round. Shared pool: one, whatever the
+        mix (llama.cpp's ``split_simple`` keeps it one ubatch). One stream per
+        sequence: llama.cpp splits a batch into ubatches of equal slices of
+        consecutive sequence ids, so one-token steps go together in runs of
+        consecutive ids, and a longer step (a prefill chunk) goes alone."""
+        if self.layout == "shared":
+            return [steps]
+        ones = sorted((s for s in steps if len(s.tokens) == 1), key=lambda s: s.seq)
+        groups: list[list[_Step]] = []
+        for step in ones:
+            if groups and groups[-1][-1].seq == step.seq - 1:
+                groups[-1].append(step)
+            else:
+                groups.append([step])
+        return groups + [[s] for s in steps if len(s.tokens) > 1]
+
     def _run(self, steps: list[_Step]) -> None:
+        for group in self._groups(steps):
+            self._decode(group)
+
+    def _decode(self, steps: list[_Step]) -> None:
         entries: list[tuple[int, int, int, bool]] = []
         segments: list[Segment] = []
         starts: list[int] = []
-        for step in steps:
+        streams = 1 if self.layout == "shared" else len(steps)
+        for k, step in enumerate(steps):
             a, n = len(entries), len(step.tokens)
             starts.append(a)
             for i, tok in enumerate(step.tokens):
                 out = step.every or (step.logits and i == n - 1)
                 entries.append((step.seq, tok, step.pos0 + i, out))
             if step.capture is not None:
-                segments.append(Segment(a, a + n, step.capture.rows, step.capture.visibility))
+                rows, vis = step.capture.rows, step.capture.visibility
+                if streams == 1:
+                    segments.append(Segment(a, a + n, rows, vis))
+                else:  # stream k holds this step's n rows
+                    segments.append(Segment(0, n, rows, vis, stream=k))
         t0 = time.perf_counter()
         try:
             with self._cpu, self._ctx_lock:
-                got = iter(self.ctx.decode_batch(entries, segments))
+                got = iter(self.ctx.decode_batch(entries, segments, streams))
                 for step, a in zip(steps, starts, strict=True):
                     n = len(step.tokens)
                     if step.every:
@@ -502,6 +542,7 @@ class KVPool:
             "n_ctx": self.ctx.n_ctx,
             "max_seqs": self.max_seqs,
             "share_rule": self.share,
+            "layout": self.layout,
             "reserved_cells": sum(s["share_cells"] for s in seqs),  # type: ignore[misc]
             "active": len(seqs),
             "peak_seqs": self.peak_seqs,

@@ -44,7 +44,8 @@ def pool(engine):
         yield p
 
 
-def test_needles_found_together_are_the_ones_found_alone(engine, pool):
+@pytest.mark.parametrize("layout", ["shared", "streams"])
+def test_needles_found_together_are_the_ones_found_alone(engine, layout):
     # the second document is longer than its share: it evicts while the others run
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = []
@@ -53,6 +54,7 @@ def test_needles_found_together_are_the_ones_found_alone(engine, pool):
             alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
     together: list[str | None] = [None] * 3
     evicted = [0] * 3
+    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2, layout=layout)
 
     def job(i: int) -> None:
         s = pool.open(
@@ -63,17 +65,19 @@ def test_needles_found_together_are_the_ones_found_alone(engine, pool):
             evicted[i] = s.stats.evicted_tokens
             assert s.stats.cells_peak <= s.ctx.n_ctx  # inside its share
 
-    steps0, tokens0 = pool.steps, pool.tokens
     threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        pool.close()
     for key, one, many in zip(KEYS, alone, together, strict=True):
         assert str(key) in one and str(key) in many, (key, one, many)
     assert evicted[1] > 0 and evicted[2] == 0  # the long one evicts, the shortest fits
     # the answers were written in shared steps: fewer decodes than tokens
-    assert (pool.tokens - tokens0) / (pool.steps - steps0) > 1.5
+    assert pool.tokens / pool.steps > 1.5
     snap = pool.snapshot()
     assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
 
@@ -96,16 +100,19 @@ def _probe_module():
     return module
 
 
-def test_each_sequence_cell_map_matches_llama_cpp_in_the_shared_pool(engine, monkeypatch):
-    """Two evicting sessions read in turns, so one's tokens fill the other's freed
-    cells; each learnt map must equal llama.cpp's table for its sequence."""
+@pytest.mark.parametrize("layout", ["shared", "streams"])
+def test_each_sequence_cell_map_matches_llama_cpp(engine, monkeypatch, layout):
+    """Two evicting sessions read in turns (in the shared pool one's tokens fill the
+    other's freed cells); each learnt map must equal llama.cpp's table for its
+    sequence (in its own stream with ``streams``)."""
     probe = _probe_module()
     monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "3")
     handler, level = _Log(), llama_log.level
     llama_log.setLevel(logging.DEBUG)
     llama_log.addHandler(handler)
     try:
-        with KVPool(engine.model, cells=768, max_seqs=2, n_threads=2) as small:
+        cells = 768 if layout == "shared" else 1024  # streams: 512 each
+        with KVPool(engine.model, cells=cells, max_seqs=2, n_threads=2, layout=layout) as small:
             config = SessionConfig(256, chunk_tokens=48, question_aware=False)
             a = small.open(make_policy("snapkv"), config, 10_000)
             b = small.open(make_policy("h2o"), config, 10_000)
@@ -117,6 +124,7 @@ def test_each_sequence_cell_map_matches_llama_cpp_in_the_shared_pool(engine, mon
             want = {"0": a.cache.cells.snapshot(), "1": b.cache.cells.snapshot()}
             handler.lines.clear()
             list(a.feed(texts[0][:1], logits=False))  # llama.cpp logs the table first
+            list(b.feed(texts[1][:1], logits=False))  # (each stream's, with streams)
             assert a.stats.evictions >= 3 and b.stats.evictions >= 3
             a.close()
             b.close()
@@ -124,16 +132,23 @@ def test_each_sequence_cell_map_matches_llama_cpp_in_the_shared_pool(engine, mon
         llama_log.removeHandler(handler)
         llama_log.setLevel(level)
     tables = probe.kv_tables(handler.lines)
-    assert tables, "llama.cpp logged no cell table"
-    _stream, table = tables[0]
+    assert len(tables) >= 2, "llama.cpp logged no cell table"
     got: dict[str, dict[int, int]] = {"0": {}, "1": {}}
-    for cell, (seq, pos) in table.items():
-        got[seq][pos] = cell
+    if layout == "shared":
+        for cell, (seq, pos) in tables[0][1].items():
+            got[seq][pos] = cell
+    else:
+        assert [stream for stream, _ in tables[:2]] == [0, 1]
+        for stream, table in tables[:2]:
+            for cell, (seq, pos) in table.items():
+                assert seq == str(stream)  # a stream holds its own sequence only
+                got[seq][pos] = cell
     assert got == want
     cells_a, cells_b = set(want["0"].values()), set(want["1"].values())
-    assert not cells_a & cells_b
-    # the two sequences' cells interleave: one took the other's freed cells
-    assert min(cells_b) < max(cells_a) and min(cells_a) < max(cells_b)
+    if layout == "shared":
+        assert not cells_a & cells_b
+        # the two sequences' cells interleave: one took the other's freed cells
+        assert min(cells_b) < max(cells_a) and min(cells_a) < max(cells_b)
 
 
 def test_shares_by_length_and_even(engine):

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from ..batch import FileSummary, Source, summarize_many
+from ..kvmemory import pad
 from ..policies import make_policy
 from ..pool import QUESTION_ROOM, SLACK, KVPool
 from ..prompts import ask_prompt
@@ -89,7 +90,7 @@ def _completion(text: str) -> str:
 # ---------------------------------------------------------------- server
 
 
-def _serve(engine: Engine, cfg: ConcurrencyConfig, parallel: int) -> Any:
+def _serve(engine: Engine, cfg: ConcurrencyConfig, parallel: int, layout: str) -> Any:
     from ..serve.api import ServerConfig, create_app
     from ..serve.background import BackgroundServer
 
@@ -99,6 +100,7 @@ def _serve(engine: Engine, cfg: ConcurrencyConfig, parallel: int) -> Any:
         max_queue=64,
         parallel=parallel,
         kv_cells=cfg.server_cells,
+        layout=layout,
     )
     return BackgroundServer(create_app(engine, config))
 
@@ -162,8 +164,10 @@ def server_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], N
     ]
     n_prompt = [len(engine.model.tokenize(p, add_bos=True)) for p in prompts]
     base: list[str] | None = None
-    for parallel, levels in ((1, [1, max(cfg.clients)]), (max(cfg.clients), cfg.clients)):
-        with _serve(engine, cfg, parallel) as url:
+    most = max(cfg.clients)
+    runs = ((1, "shared", [1, most]), (most, "shared", cfg.clients), (most, "streams", cfg.clients))
+    for parallel, layout, levels in runs:
+        with _serve(engine, cfg, parallel, layout) as url:
             _load(url, prompts[:2], 1, 4)  # warm-up: first-request costs out of the figures
             for clients in levels:
                 got = _load(url, prompts, clients, cfg.gen_tokens)
@@ -172,6 +176,7 @@ def server_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], N
                 record = {
                     "part": "server",
                     "server_parallel": parallel,
+                    "layout": layout,
                     "clients": clients,
                     "requests": len(prompts),
                     "prompt_tokens_mean": statistics.mean(n_prompt),
@@ -201,21 +206,27 @@ def summarize_part(
         path.write_text(real_text(engine, n, 20_000 + 9_000 * i))
         sources.append(Source(path, Path(path.name)))
     settings = RequestSpec(budget_tokens=cfg.summary_budget, max_tokens=cfg.summary_tokens)
-    runs = [(1, "length"), (cfg.parallel, "length"), (cfg.parallel, "even")]
-    for parallel, share in runs:
+    runs = [
+        (1, "length", "shared"),
+        (cfg.parallel, "length", "shared"),
+        (cfg.parallel, "even", "shared"),
+        (cfg.parallel, "length", "streams"),
+    ]
+    for parallel, share, layout in runs:
         pools: list[KVPool] = []
         start = time.perf_counter()
         results = summarize_many(
             engine,
             sources,
-            out_dir / f"concurrency-summaries-{parallel}-{share}",
+            out_dir / f"concurrency-summaries-{parallel}-{share}-{layout}",
             settings,
             parallel=parallel,
             share=share,
             pools=pools,
+            layout=layout,
         )
         wall = time.perf_counter() - start
-        emit(_summary_record(engine, results, parallel, share, wall, pools))
+        emit(_summary_record(engine, results, parallel, share, wall, pools) | {"layout": layout})
 
 
 def _summary_record(
@@ -281,18 +292,20 @@ def needles_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], 
     alone_s = time.perf_counter() - start
     whole = len(docs) * (budget + budget // 4 + QUESTION_ROOM + SLACK)
     one = budget + budget // 4 + QUESTION_ROOM + SLACK
-    for label, cells, share in (
-        ("room for every session", whole, "length"),
-        ("two sessions' cells, by length", one * 2, "length"),
-        ("two sessions' cells, even", one * 2, "even"),
+    for label, cells, share, layout in (
+        ("room for every session", whole, "length", "shared"),
+        ("room for every session, one stream each", len(docs) * pad(one), "length", "streams"),
+        ("two sessions' cells, by length", one * 2, "length", "shared"),
+        ("two sessions' cells, even", one * 2, "even", "shared"),
     ):
-        answers, wall, snap = _together(engine, docs, budget, cells, share)
+        answers, wall, snap = _together(engine, docs, budget, cells, share, layout)
         emit(
             {
                 "part": "needles",
                 "pool": label,
                 "cells": cells,
                 "share": share,
+                "layout": layout,
                 "documents": len(docs),
                 "doc_tokens": cfg.needle_tokens,
                 "alone_hits": sum(str(k) in a for k, a in zip(keys, alone, strict=True)),
@@ -311,13 +324,18 @@ def needles_part(engine: Engine, cfg: ConcurrencyConfig, emit: Callable[[dict], 
 
 
 def _together(
-    engine: Engine, docs: list[str], budget: int, cells: int, share: str
+    engine: Engine, docs: list[str], budget: int, cells: int, share: str, layout: str
 ) -> tuple[list[str], float, list[int]]:
     model = engine.model
     answers = [""] * len(docs)
     shares = [0] * len(docs)
     with KVPool(
-        model, cells=cells, max_seqs=len(docs), n_threads=default_threads(), share=share
+        model,
+        cells=cells,
+        max_seqs=len(docs),
+        n_threads=default_threads(),
+        share=share,
+        layout=layout,
     ) as pool:
 
         def job(i: int) -> None:

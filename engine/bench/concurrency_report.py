@@ -12,27 +12,35 @@ def _part(result: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [r for r in result["records"] if r["part"] == name]
 
 
-def _server(result: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
-    return {(r["server_parallel"], r["clients"]): r for r in _part(result, "server")}
+def _server(result: dict[str, Any]) -> dict[tuple[int, str, int], dict[str, Any]]:
+    return {
+        (r["server_parallel"], r.get("layout", "shared"), r["clients"]): r
+        for r in _part(result, "server")
+    }
 
 
-def _summaries(result: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
-    return {(r["parallel"], r["share"]): r for r in _part(result, "summarize")}
+def _summaries(result: dict[str, Any]) -> dict[tuple[int, str, str], dict[str, Any]]:
+    return {
+        (r["parallel"], r["share"], r.get("layout", "shared")): r
+        for r in _part(result, "summarize")
+    }
 
 
 def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The issue's targets, judged from the records."""
     out: list[tuple[str, str, bool]] = []
     server = _server(result)
-    alone = server.get((1, 1))
-    most = max((c for p, c in server if p > 1), default=None)
-    if alone and most:
-        par = max(p for p, _ in server)
-        many = server[(par, most)]
+    alone = server.get((1, "shared", 1))
+    most = max((c for p, _, c in server if p > 1), default=None)
+    layouts = sorted({lay for p, lay, _ in server if p > 1})
+    for layout in layouts if alone and most else []:
+        assert alone is not None
+        par = max(p for p, lay, _ in server if lay == layout)
+        many = server[(par, layout, most)]
         speed = many["requests_per_s"] / alone["requests_per_s"]
         out.append(
             (
-                f"server, {most} clients >= 3x the requests/s of 1 client",
+                f"server ({layout}), {most} clients >= 3x the requests/s of 1 client",
                 f"{many['requests_per_s']:.2f} vs {alone['requests_per_s']:.2f} req/s "
                 f"({speed:.2f}x; same {many['kv_cells']} KV cells for all)",
                 speed >= 3,
@@ -41,26 +49,30 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
         lat = many["latency_p50_s"] / alone["latency_p50_s"]
         out.append(
             (
-                f"server, p50 latency at {most} clients <= 3x that at 1",
+                f"server ({layout}), p50 latency at {most} clients <= 3x that at 1",
                 f"{many['latency_p50_s']:.2f} s vs {alone['latency_p50_s']:.2f} s ({lat:.2f}x)",
                 lat <= 3,
             )
         )
+    if alone and most:
         same = all(r["same_key_as_alone"] == r["requests"] for r in server.values())
         out.append(
             (
                 "server: every request's pass key as found one at a time",
                 ", ".join(
-                    f"{c} clients: {r['same_key_as_alone']}/{r['requests']}"
-                    for (p, c), r in sorted(server.items())
+                    f"{lay} {c} clients: {r['same_key_as_alone']}/{r['requests']}"
+                    for (p, lay, c), r in sorted(server.items())
                     if p > 1
                 ),
                 same,
             )
         )
     summ = _summaries(result)
-    seq = summ.get((1, "length"))
-    par = next((r for (p, s), r in summ.items() if p > 1 and s == "length"), None)
+    seq = summ.get((1, "length", "shared"))
+    par = next(
+        (r for (p, s, lay), r in summ.items() if p > 1 and s == "length" and lay == "shared"),
+        None,
+    )
     if seq and par:
         speed = seq["wall_s"] / par["wall_s"]
         out.append(
@@ -82,11 +94,10 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
                 par["global_cells_allocated"] <= seq["global_cells_allocated"],
             )
         )
-    whole = next((r for r in _part(result, "needles") if r["share"] == "length"), None)
-    if whole:
+    for whole in (r for r in _part(result, "needles") if r["pool"].startswith("room")):
         out.append(
             (
-                "needles: answers together identical to alone (a pool with room for all)",
+                f"needles: answers together identical to alone ({whole['pool']})",
                 f"{whole['same_key_as_alone']}/{whole['documents']} "
                 f"(found {whole['together_hits']} together, {whole['alone_hits']} alone)",
                 whole["same_key_as_alone"] == whole["documents"],
@@ -104,7 +115,7 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     ]
     server = _server(result)
     if server:
-        base = server.get((1, 1))
+        base = server.get((1, "shared", 1))
         lines += [
             "## Server: N clients, ~150-token prompts, 32 tokens each",
             "",
@@ -112,8 +123,8 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
             "pass keys | as alone | tokens per decode |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for (p, c), r in sorted(server.items()):
-            who = "one at a time" if p == 1 else f"parallel {p}, {r['kv_cells']} cells"
+        for (p, lay, c), r in sorted(server.items()):
+            who = "one at a time" if p == 1 else f"parallel {p}, {r['kv_cells']} cells, {lay}"
             ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
             mean = r["pool"].get("kvtrim_pool_batch_tokens_mean")
             lines.append(
@@ -126,7 +137,7 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
         lines.append("")
     summ = _summaries(result)
     if summ:
-        seq = summ.get((1, "length"))
+        seq = summ.get((1, "length", "shared"))
         lines += [
             "## summarize: documents one by one and in parallel",
             "",
@@ -134,8 +145,8 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
             "peak cells held | evictions | decodes | tokens per decode |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for (p, s), r in sorted(summ.items()):
-            who = "one by one" if p == 1 else f"--parallel {p}, shares {s}"
+        for (p, s, lay), r in sorted(summ.items()):
+            who = "one by one" if p == 1 else f"--parallel {p}, {lay}, shares {s}"
             ratio = seq["wall_s"] / r["wall_s"] if seq else float("nan")
             mean = r["mean_batch_tokens"]
             lines.append(

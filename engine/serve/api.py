@@ -173,6 +173,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         parallel=config.parallel,
         kv_cells=config.pool_cells,
         share=config.share,
+        layout=config.layout,
     )
     model_id = engine.model.info.path.rsplit("/", 1)[-1].removesuffix(".gguf")
     jobs = JobBuilder(engine.model, config)

@@ -96,6 +96,14 @@ def add_parser(sub: Any) -> None:
         default="length",
         help="split the cells by each request's length (default) or evenly",
     )
+    p.add_argument(
+        "--kv-layout",
+        choices=("shared", "streams"),
+        default="shared",
+        help="shared: one pool of --kv-cells that requests share by --share (default); "
+        "streams: each request its own --kv-cells/--parallel cells, whose attention then "
+        "spans only its own cells (faster reading on a CPU when several run)",
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=262_144, metavar="N")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="chat default")
     p.add_argument(
@@ -158,6 +166,7 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         parallel=args.parallel,
         kv_cells=args.kv_cells,
         share=args.share,
+        layout=args.kv_layout,
     )
     requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
     with Engine(

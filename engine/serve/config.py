@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..policies import POLICIES, make_policy
-from ..pool import MIN_SHARE, QUESTION_ROOM, SHARES
+from ..pool import LAYOUTS, MIN_SHARE, QUESTION_ROOM, SHARES
 from .guards import LOOPBACK_HOSTS
 from .schemas import MAX_TOKENS
 
@@ -33,6 +33,7 @@ class ServerConfig:
     parallel: int = 1  # requests decoded together in one context (see engine/pool.py)
     kv_cells: int | None = None  # the KV cells all of them share; None: see pool_cells
     share: str = "length"  # how the cells are split between requests (pool.SHARES)
+    layout: str = "shared"  # one pool of cells, or one KV stream per request (pool.LAYOUTS)
 
     def __post_init__(self) -> None:
         for ok, message in self._checks():
@@ -73,6 +74,7 @@ class ServerConfig:
                 f"--kv-cells must be at least {MIN_SHARE}, got {self.kv_cells}",
             ),
             (self.share in SHARES, f"--share must be one of {', '.join(SHARES)}"),
+            (self.layout in LAYOUTS, f"--kv-layout must be one of {', '.join(LAYOUTS)}"),
         ]
 
     @property

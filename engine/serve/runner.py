@@ -70,6 +70,7 @@ class EngineRunner:
         parallel: int = 1,
         kv_cells: int = 2624,
         share: str = "length",
+        layout: str = "shared",
     ) -> None:
         self.engine = engine
         self.max_queue = max_queue
@@ -85,6 +86,7 @@ class EngineRunner:
                 kv_type=engine.kv_type,
                 swa_full=engine.swa_cache == "full",
                 share=share,
+                layout=layout,
             )
         self._executor = ThreadPoolExecutor(
             max_workers=parallel, thread_name_prefix="kvtrim-engine"
