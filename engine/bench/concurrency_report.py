@@ -19,6 +19,25 @@ def _server(result: dict[str, Any]) -> dict[tuple[int, str, int], dict[str, Any]
     }
 
 
+def _per_level_batch(result: dict[str, Any]) -> dict[int, float]:
+    """Tokens per ``llama_decode`` at each server level (by record index): the
+    pool's counters run across the levels of one server, so take differences."""
+    out: dict[int, float] = {}
+    last: dict[tuple[int, str], tuple[float, float]] = {}
+    for i, r in enumerate(result["records"]):
+        pool = r.get("pool") or {}
+        if r["part"] != "server" or "kvtrim_pool_decode_steps" not in pool:
+            continue
+        steps = pool["kvtrim_pool_decode_steps"]
+        tokens = steps * pool["kvtrim_pool_batch_tokens_mean"]
+        key = (r["server_parallel"], r.get("layout", "shared"))
+        s0, t0 = last.get(key, (0.0, 0.0))
+        if steps > s0:
+            out[i] = (tokens - t0) / (steps - s0)
+        last[key] = (steps, tokens)
+    return out
+
+
 def _summaries(result: dict[str, Any]) -> dict[tuple[int, str, str], dict[str, Any]]:
     return {
         (r["parallel"], r["share"], r.get("layout", "shared")): r
@@ -123,10 +142,12 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
             "pass keys | as alone | tokens per decode |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        per_level = _per_level_batch(result)
+        index = {id(r): i for i, r in enumerate(result["records"])}
         for (p, lay, c), r in sorted(server.items()):
             who = "one at a time" if p == 1 else f"parallel {p}, {r['kv_cells']} cells, {lay}"
             ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
-            mean = r["pool"].get("kvtrim_pool_batch_tokens_mean")
+            mean = per_level.get(index[id(r)])
             lines.append(
                 f"| {who} | {c} | {r['requests_per_s']:.2f} | {ratio:.2f} | "
                 f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | "
