@@ -19,7 +19,7 @@ from llama_cpp import _internals
 
 from . import _ggml
 from .capture import AttentionCapture, Captured, Segment
-from .errors import Cancelled, EngineError, OutOfMemoryError
+from .errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
 from .kvmemory import KV_TYPES, swa_cells
 from .model import Model
 
@@ -174,7 +174,7 @@ class NativeContext:
         if rc == 2:
             raise Cancelled("cancelled")
         if rc == 1:
-            raise EngineError("no free KV cell for the batch (the cache is full)")
+            raise CacheFullError("no free KV cell for the batch (the cache is full)")
         if rc == -2:
             raise OutOfMemoryError(
                 "llama.cpp ran out of memory while decoding; try a smaller budget"

@@ -252,8 +252,15 @@ def summarize_many(
                 one(i)
         else:
             with ThreadPoolExecutor(parallel, thread_name_prefix="kvtrim-summarize") as workers:
-                for future in [workers.submit(one, i) for i in range(len(sources))]:
-                    future.result()
+                futures = [workers.submit(one, i) for i in range(len(sources))]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:  # Ctrl+C, a full disk: stop the others at once
+                    for future in futures:
+                        future.cancel()
+                    pool.cancel_all()
+                    raise
     finally:
         if pool is not None:
             pool.close()

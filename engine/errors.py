@@ -37,3 +37,7 @@ class Cancelled(KvtrimError):
 
 class EngineError(KvtrimError):
     """llama.cpp returned an error the engine did not expect."""
+
+
+class CacheFullError(EngineError):
+    """``llama_decode`` found no free KV cells for the batch (nothing was decoded)."""

@@ -39,7 +39,7 @@ import numpy as np
 
 from ._context import NativeContext
 from .capture import AttentionCapture, Captured, Segment
-from .errors import Cancelled, ConfigError, ContextOverflowError, EngineError
+from .errors import CacheFullError, Cancelled, ConfigError, ContextOverflowError, EngineError
 from .kvmemory import KV_TYPES, pad
 from .model import Model
 from .policies import Policy
@@ -68,6 +68,8 @@ class _Step:
     out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
     captured: Captured | None = None
     error: BaseException | None = None
+    requeue: bool = False  # put back in the queue instead of answered (no free cells)
+    retries: int = 0
 
 
 class Slot:
@@ -84,7 +86,8 @@ class Slot:
         self.n_ctx = share  # the pool lowers it when others come, raises it when they go
         self.want = want
         self.evicts = evicts
-        self.n_cells = pool.ctx.n_ctx
+        self.least = 0  # cells its session needs to read on (set as it reads)
+        self.n_cells = pool.ctx.n_cells
         self.n_batch = pool.ctx.n_batch
         self.swa_cells = pool.ctx.swa_cells // pool.max_seqs
         self.label = label
@@ -128,17 +131,23 @@ class Slot:
         and stall when another thread takes their core (docs/multiseq.md §5)."""
         return self.pool._cpu
 
+    def _native(self) -> NativeContext:
+        """The context, while the pool has one (call with ``_ctx_lock`` held)."""
+        if self.pool._ctx_closed:
+            raise Cancelled("the pool is closed")
+        return self.pool.ctx
+
     def seq_rm(self, p0: int, p1: int) -> None:
         with self.pool._ctx_lock:
-            self.pool.ctx.seq_rm(p0, p1, self.seq)
+            self._native().seq_rm(p0, p1, self.seq)
 
     def seq_shift(self, p0: int, p1: int, delta: int) -> None:
         with self.pool._ctx_lock:
-            self.pool.ctx.seq_shift(p0, p1, delta, self.seq)
+            self._native().seq_shift(p0, p1, delta, self.seq)
 
     def pos_max(self) -> int:
         with self.pool._ctx_lock:
-            return self.pool.ctx.pos_max(self.seq)
+            return self._native().pos_max(self.seq)
 
     def clear(self) -> None:
         self.seq_rm(0, -1)
@@ -226,6 +235,10 @@ class KVPool:
         self._pending: list[_Step] = []
         self._order = itertools.count()
         self._closed = False
+        self._ctx_closed = False
+        self._stall = False
+        self._split_next = False
+        self.error: BaseException | None = None  # what stopped the scheduler, if anything
         self.steps = 0  # llama_decode calls
         self.tokens = 0  # tokens decoded
         self.peak_seqs = 0
@@ -273,13 +286,16 @@ class KVPool:
         wants[new] = (want, evicts)
         shares = self.shares(wants)
         floor = {
-            seq: min(s.want, MIN_SHARE) if s.evicts else s.want for seq, s in self._slots.items()
+            seq: max(min(s.want, MIN_SHARE), s.least) if s.evicts else s.want
+            for seq, s in self._slots.items()
         }
         floor[new] = least
         if self.layout == "streams":
             floor = {k: min(f, self.stream_cells) for k, f in floor.items()}
         if any(shares[k] < floor[k] for k in shares):
             return None
+        if self.layout == "shared" and sum(shares.values()) > self.cells:
+            return None  # sequences that never evict would hold more than the pool
         return shares
 
     def acquire(
@@ -351,7 +367,8 @@ class KVPool:
 
     def _release(self, slot: Slot) -> None:
         with self._ctx_lock:
-            self.ctx.seq_rm(0, -1, slot.seq)
+            if not self._ctx_closed:
+                self.ctx.seq_rm(0, -1, slot.seq)
         with self._cond:
             self._slots.pop(slot.seq, None)
             self._free.append(slot.seq)
@@ -400,6 +417,19 @@ class KVPool:
         return len(queued | recent)
 
     def _loop(self) -> None:
+        try:
+            self._schedule()
+        except BaseException as exc:  # never leave a caller waiting on a dead thread
+            with self._cond:
+                self.error = exc
+                self._closed = True
+                for step in self._pending:
+                    step.error = EngineError(f"the pool's scheduler stopped: {exc}")
+                    step.done.set()
+                self._pending.clear()
+                self._cond.notify_all()
+
+    def _schedule(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
@@ -421,15 +451,20 @@ class KVPool:
                         break
                     self._cond.wait(left)
                 batch = self._choose()
-                if not batch:  # no room yet: wait for a sequence to evict or leave
+                if not batch or self._stall:  # no room yet: a sequence evicts or leaves
+                    self._stall = False
                     self._cond.wait(0.01)
-                    continue
+                    if not batch:
+                        continue
             self._run(batch)
 
     def _choose(self) -> list[_Step]:
         """One-token steps (answers being written) first, then reads, oldest first,
         as many as the batch holds."""
         order = sorted(self._pending, key=lambda s: (len(s.tokens) > 1, s.order))
+        if self._split_next:  # the last batch found no room together: one at a time
+            self._split_next = False
+            order = order[:1]
         chosen, n = [], 0
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
@@ -462,6 +497,8 @@ class KVPool:
         return groups + [[s] for s in steps if len(s.tokens) > 1]
 
     def _run(self, steps: list[_Step]) -> None:
+        for step in steps:
+            step.requeue = False
         for group in self._groups(steps):
             self._decode(group)
 
@@ -495,6 +532,29 @@ class KVPool:
                     if step.capture is not None:
                         c = next(got)
                         step.captured = Captured(c.visible, c.attn, c.seconds / len(segments))
+        except CacheFullError as exc:
+            # llama.cpp leaves the cache as it was: a batch tries its steps alone; a
+            # step alone waits for a sequence whose share shrank to evict
+            # (the counts the room check uses lag behind), then fails
+            if len(steps) > 1:
+                for step in steps:
+                    step.requeue = True
+                with self._cond:
+                    self._pending[:0] = steps
+                    for step in steps:
+                        step.taken = False
+                    self._split_next = True
+            else:
+                step = steps[0]
+                step.retries += 1
+                if step.retries <= 300:  # 3 s
+                    step.requeue = True
+                    with self._cond:
+                        step.taken = False
+                        self._pending.insert(0, step)
+                        self._stall = True
+                else:
+                    step.error = exc
         except BaseException as exc:  # every sequence of the batch hears of it
             for step in steps:
                 step.error = exc
@@ -503,14 +563,19 @@ class KVPool:
             self.tokens += len(entries)
             self._last_decode_s = time.perf_counter() - t0
             self.decode_s += self._last_decode_s
-            held = sum(s.stats.cells_used for s in self._slots.values() if s.stats)
-            self.peak_cells = max(self.peak_cells, held)
-            now = time.monotonic()
-            for step in steps:
-                slot = self._slots.get(step.seq)
-                if slot is not None:
-                    slot.last_done = now  # it will most likely be back for the next batch
-                step.done.set()
+            try:
+                slots = list(self._slots.values())  # other threads admit and release
+                held = sum(s.stats.cells_used for s in slots if s.stats)
+                self.peak_cells = max(self.peak_cells, held)
+                now = time.monotonic()
+                for slot in slots:
+                    if any(step.seq == slot.seq for step in steps):
+                        slot.last_done = now  # most likely back for the next batch
+            finally:
+                for step in steps:
+                    if step.requeue:
+                        continue
+                    step.done.set()
 
     # -- figures ----------------------------------------------------------
 
@@ -555,13 +620,23 @@ class KVPool:
             "sequences": seqs,
         }
 
-    def close(self) -> None:
-        """Stop the scheduler (waiting steps are cancelled) and free the context."""
+    def cancel_all(self) -> None:
+        """Stop every running sequence and refuse new ones (thread-safe): their
+        sessions raise ``Cancelled`` at their next step."""
         with self._cond:
             self._closed = True
+            for slot in self._slots.values():
+                slot.cancel_event.set()
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the scheduler (waiting steps are cancelled) and free the context;
+        sessions still open raise ``Cancelled`` at their next step and their
+        ``close`` then only returns their id."""
+        self.cancel_all()
         self._thread.join()
         with self._ctx_lock:
+            self._ctx_closed = True
             self.ctx.close()
 
     def __enter__(self) -> KVPool:

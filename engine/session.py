@@ -423,6 +423,10 @@ class Session:
                 "use a smaller budget or a larger chunk"
             )
         self._reserve(total if fits else total + reserve)
+        if self.slot is not None and self.policy.evicts:
+            # the pool must not shrink this share below what reading on needs
+            protected = self.policy.protected(self._budget) + 1
+            self.slot.least = QUESTION_ROOM + reserve + protected + MIN_CHUNK
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
             while done < total:
@@ -433,6 +437,12 @@ class Session:
                 if free < min(room, total - done) or free < 1:
                     yield from self._evict(window, target=target)
                     free = limit - self.cache.n_used
+                    if free < 1:
+                        raise ConfigError(
+                            f"this request's share of the KV pool ({self.n_ctx_max} cells) "
+                            f"leaves no room to read beside a {reserve}-token question; "
+                            "retry when fewer requests run, or give the pool more cells"
+                        )
                 n = min(total - done, free, self.ctx.n_batch)
                 last = done + n == total
                 self._decode(tokens[done : done + n], logits=logits and last, every=every)

@@ -281,3 +281,66 @@ def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
         model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=False, info=engine.model.info)
     )
     assert default_parallel(asked_no_gpu, RequestSpec(), 8) == 1  # a CPU-only build
+
+
+def test_sequences_that_never_evict_wait_instead_of_overfilling_the_pool(engine):
+    with KVPool(engine.model, cells=1000, max_seqs=3, n_threads=1, reads_attention=False) as p:
+        first = p.open(make_policy("full"), SessionConfig(2048), 584)  # 600 cells
+        got: list[Session] = []
+        t = threading.Thread(
+            target=lambda: got.append(p.open(make_policy("full"), SessionConfig(2048), 584))
+        )
+        t.start()
+        time.sleep(0.3)
+        assert not got  # 1,200 cells promised to two that never evict: it waits
+        first.close()
+        t.join(5)
+        assert got and got[0].ctx.n_ctx == 600
+        got[0].close()
+
+
+def test_a_batch_that_finds_no_free_cells_is_retried_not_failed(engine):
+    from engine.errors import CacheFullError
+
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False) as p:
+        real, fails = p.ctx.decode_batch, [3]
+
+        def flaky(*args, **kwargs):
+            if fails[0]:
+                fails[0] -= 1
+                raise CacheFullError("no free KV cell for the batch (the cache is full)")
+            return real(*args, **kwargs)
+
+        p.ctx.decode_batch = flaky
+        s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+        hello = engine.model.tokenize("Hello there", add_bos=True)
+        result = s.collect(s.run_tokens(hello[:-1], hello[-1:], max_tokens=3))
+        assert result.stats.generated_tokens == 3 and fails[0] == 0
+        s.close()
+
+
+def test_a_scheduler_that_fails_answers_every_caller(engine):
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False) as p:
+        s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+
+        def broken() -> list:
+            raise RuntimeError("scheduler bug")
+
+        p._choose = broken  # type: ignore[method-assign]
+        hello = engine.model.tokenize("Hello", add_bos=True)
+        with pytest.raises(EngineError, match="scheduler stopped"):
+            s.collect(s.run_tokens(hello, [1], max_tokens=2))
+        with pytest.raises(Cancelled):  # the pool refuses new work instead of hanging
+            p.open(make_policy("streaming"), SessionConfig(512), 40)
+        s.close()
+
+
+def test_closing_the_pool_first_leaves_open_sessions_safe(engine):
+    p = KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False)
+    s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+    hello = engine.model.tokenize("Hello", add_bos=True)
+    s.collect(s.run_tokens(hello, [1], max_tokens=2))
+    p.close()  # Ctrl+C in summarize --parallel: the pool goes while a session is open
+    with pytest.raises(Cancelled):
+        s.collect(s.run_tokens(hello, [1], max_tokens=2))
+    s.close()  # returns its id only: no llama.cpp call on the freed context

@@ -169,6 +169,8 @@ class EngineRunner:
             stops=spec.stops or (),
         )
         for event in events:
+            if job._cancelled.is_set():  # a cancel before the run cleared its flag
+                session.cancel()
             if job.sink is not None:
                 job.sink(event)
             if isinstance(event, Done):
