@@ -343,17 +343,19 @@ class KVPool:
         label: str = "",
     ) -> object:
         """A ``Session`` in a new sequence, for a job of ``n_tokens`` (prompt and
-        answer). It wants the job whole when that fits a session's capacity, else
+        answer). It wants the job whole when that fits a session's capacity (it
+        never evicts then, so needs no room for the question's observation), else
         ``budget + chunk`` and the question's room; the budget follows the share
         (``Session.budget``), the chunk is at most a fifth of the share."""
         from .session import Session, SessionConfig
 
         assert isinstance(config, SessionConfig)
         n_tokens += SLACK
+        whole = config.budget_tokens + config.chunk()
         if not policy.evicts:
             want = least = n_tokens
         else:
-            want = min(n_tokens, config.budget_tokens + config.chunk()) + QUESTION_ROOM
+            want = n_tokens if n_tokens <= whole else whole + QUESTION_ROOM
             least = min(want, MIN_SHARE)
         slot = self.acquire(want, least, evicts=policy.evicts, cancel=cancel, label=label)
         try:

@@ -26,7 +26,7 @@ from .kvcache import KVCache
 from .kvmemory import KV_TYPES, SWA_CACHES, pad
 from .model import Model
 from .policies import Observation, Policy
-from .pool import QUESTION_ROOM, Slot
+from .pool import Slot
 from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
@@ -211,7 +211,7 @@ class Session:
         """Cells the text may fill before the policy evicts (budget + chunk)."""
         if self.slot is None:
             return self._capacity
-        return min(self._capacity, self.slot.n_ctx - (QUESTION_ROOM if self.policy.evicts else 0))
+        return min(self._capacity, self.slot.n_ctx)  # the question's cells: see _limits
 
     @property
     def budget(self) -> int:
@@ -426,7 +426,7 @@ class Session:
         if self.slot is not None and self.policy.evicts:
             # the pool must not shrink this share below what reading on needs
             protected = self.policy.protected(self._budget) + 1
-            self.slot.least = QUESTION_ROOM + reserve + protected + MIN_CHUNK
+            self.slot.least = reserve + protected + MIN_CHUNK
         start, base = time.perf_counter(), self.stats.prefill_s
         try:
             while done < total:
