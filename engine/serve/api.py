@@ -2,9 +2,10 @@
 policy as server configuration.
 
 ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (streamed as
-server-sent events or not) and ``/metrics`` (Prometheus). Requests run one at a
-time on the engine thread, each in its own session (see runner.py); a request
-may override the policy and budget with ``kv_policy``/``kv_budget``/``kv_keep_ratio``.
+server-sent events or not) and ``/metrics`` (Prometheus). Up to ``parallel``
+requests run at once as sequences of one context, each in its own session (see
+runner.py and pool.py); a request may override the policy and budget with
+``kv_policy``/``kv_budget``/``kv_keep_ratio``.
 
 Before the app reads a request, guards.py checks its Host header, its API key
 and its body size; validation.py turns the parsed body into a job (off the
