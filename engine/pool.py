@@ -250,10 +250,6 @@ class KVPool:
 
     # -- admission and shares ---------------------------------------------
 
-    def reserved(self) -> int:
-        """Cells promised to the sequences admitted now."""
-        return sum(s.n_ctx for s in self._slots.values())
-
     def shares(self, wants: dict[int, tuple[int, bool]]) -> dict[int, int]:
         """Cells for each sequence, from ``{key: (cells it wants, evicts)}``.
 
@@ -569,9 +565,9 @@ class KVPool:
                 slots = list(self._slots.values())  # other threads admit and release
                 held = sum(s.stats.cells_used for s in slots if s.stats)
                 self.peak_cells = max(self.peak_cells, held)
-                now = time.monotonic()
+                now, done = time.monotonic(), {step.seq for step in steps}
                 for slot in slots:
-                    if any(step.seq == slot.seq for step in steps):
+                    if slot.seq in done:
                         slot.last_done = now  # most likely back for the next batch
             finally:
                 for step in steps:

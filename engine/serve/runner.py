@@ -138,8 +138,9 @@ class EngineRunner:
             self._jobs.pop(id(job), None)
 
     def _run(self, job: Job) -> Result:
-        if self.pool is not None:
-            return self._run_pooled(job)
+        """The job in its session: a new sequence of the pool (freed when it ends),
+        or the kept session (closed when it fails: a failed context is not reused)."""
+        session: Session | None = None
         try:
             if job._cancelled.is_set():
                 raise Cancelled("the client went away before the request started")
@@ -153,10 +154,13 @@ class EngineRunner:
                 raise ShuttingDown("the server is shutting down") from None
             raise
         except BaseException:
-            self._close_session()  # a failed context is not reused
+            if self.pool is None:
+                self._close_session()
             raise
         finally:
             job._session = None
+            if self.pool is not None and session is not None:
+                session.close()
             self._finished(job)
 
     def _events(self, job: Job, session: Session) -> Result:
@@ -177,32 +181,13 @@ class EngineRunner:
                 return Result(event.text, event.reason, event.stats, self.engine.model_name)
         raise Cancelled("the run ended without an answer")
 
-    def _run_pooled(self, job: Job) -> Result:
-        """The job as one sequence of the pool; its cells are freed when it ends."""
-        assert self.pool is not None
-        session: Session | None = None
-        try:
-            if job._cancelled.is_set():
-                raise Cancelled("the client went away before the request started")
+    def _session_for(self, job: Job) -> Session:
+        """A new sequence of the pool, or the kept session when its settings match."""
+        if self.pool is not None:
             n_tokens = len(job.head) + len(job.tail) + job.spec.max_tokens
-            session = job.spec.open_in(
+            return job.spec.open_in(
                 self.engine, self.pool, n_tokens, cancel=job._cancelled, label=job.label
             )
-            job._session = session
-            if job._cancelled.is_set():
-                raise Cancelled("cancelled")
-            return self._events(job, session)
-        except Cancelled:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down") from None
-            raise
-        finally:
-            job._session = None
-            if session is not None:
-                session.close()
-            self._finished(job)
-
-    def _session_for(self, job: Job) -> Session:
         key = job.spec.session_key()
         if self._session is None or key != self._key:
             self._close_session()
