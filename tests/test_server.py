@@ -145,7 +145,10 @@ def test_errors_come_back_in_openai_shape_and_the_server_stays_up(server, client
 
 
 def test_a_client_that_goes_away_cancels_its_stream(server, client):
-    body = {"prompt": prose(400, seed=6), "max_tokens": 400, "stream": True, "kv_budget": 128}
+    # greedy counting runs on for all 400 tokens; sampled prose may stop at an
+    # end-of-turn after a few tokens, and then there is nothing left to cancel
+    count = "Count: " + ", ".join(str(i) for i in range(1, 41)) + ","
+    body = {"prompt": count, "max_tokens": 400, "temperature": 0, "stream": True, "kv_budget": 128}
     start = time.perf_counter()
     with httpx.stream(
         "POST", f"{server}/v1/completions", json=body, headers=_auth(), timeout=60
@@ -158,7 +161,7 @@ def test_a_client_that_goes_away_cancels_its_stream(server, client):
     left = time.perf_counter()
     ok = client.completions.create(model="any", prompt="Hi", max_tokens=1, temperature=0)
     assert ok.usage.completion_tokens == 1
-    # 400 tokens would take about 6 s here; the cancelled stream frees the engine at once
+    # 400 tokens take about 12 s here; the cancelled stream frees the engine at once
     assert time.perf_counter() - left < 3, time.perf_counter() - left
     # the server hears of the disconnect asynchronously; in parallel the short request
     # need not wait for it, so wait (3 s at most) for the cancel and the freed sequence
@@ -252,7 +255,10 @@ def test_chat_prompt_for_a_base_model(engine):
 def test_metrics_show_each_running_request_in_the_pool(server, client):
     if server.parallel == 1:
         pytest.skip("one request at a time: no pool")
-    body = {"prompt": prose(300, seed=9), "max_tokens": 60, "stream": True, "kv_budget": 128}
+    # evicting prose, then counting: greedy decoding runs on past the metrics read
+    count = "\n\nCount: " + ", ".join(str(i) for i in range(1, 21)) + ","
+    prompt = prose(300, seed=9) + count
+    body = {"prompt": prompt, "max_tokens": 60, "temperature": 0, "stream": True, "kv_budget": 128}
     seen = ""
     with httpx.stream(
         "POST", f"{server}/v1/completions", json=body, headers=_auth(), timeout=60
