@@ -30,7 +30,7 @@ class MemoryGraphs(QWidget):
         super().__init__(parent)
         # (s, held MB, llama.cpp default MB, swa_full MB, cells used, tokens seen)
         self.samples: deque[tuple[float, float, float, float, int, int]] = deque(maxlen=HISTORY)
-        self.memory: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)
+        self.memory: deque[tuple[float, float, float, float]] = deque(maxlen=HISTORY)
         self._t0 = time.monotonic()
         self._job_t0 = self._t0
         self.last: KVStats | None = None
@@ -56,6 +56,8 @@ class MemoryGraphs(QWidget):
         self.mem_total = self.mem_plot.plot(
             pen=pg.mkPen("#9aa0a6", width=1, style=Qt.PenStyle.DotLine)
         )
+        # this process on the GPU (weights, KV, compute buffers): what the GPU check measures
+        self.mem_process = self.mem_plot.plot(pen=pg.mkPen("#c58af9", width=2))
         self._total_in_legend = False
         for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
             plot.setMinimumHeight(120)
@@ -119,28 +121,34 @@ class MemoryGraphs(QWidget):
     def add_memory(self, sample: MemorySample) -> None:
         """GPU memory when NVML sees a GPU, else the process's RAM."""
         t = time.monotonic() - self._t0
+        mine = float("nan")
         if sample.gpus:
             gpu = sample.gpus[0]
             used, total = gpu.used_bytes / _MB, gpu.total_bytes / _MB
             self.mem_plot.setTitle(f"GPU memory (MB): {gpu.name}")
-            text = (
-                f"{gpu.name}: {used:,.0f} of {total:,.0f} MB used · "
-                f"process RAM {sample.rss_bytes / _MB:,.0f} MB"
-            )
+            text = f"{gpu.name}: {used:,.0f} of {total:,.0f} MB used"
+            if sample.process_gpu_bytes is not None:
+                mine = sample.process_gpu_bytes / _MB
+                text += f", kvtrim {mine:,.0f} MB (model, KV cache, buffers)"
+            text += f" · process RAM {sample.rss_bytes / _MB:,.0f} MB"
         else:
             used, total = sample.rss_bytes / _MB, float("nan")
             self.mem_plot.setTitle("process RAM (MB): no NVIDIA GPU")
             text = f"No NVIDIA GPU: showing process RAM, {used:,.0f} MB"
-        self.memory.append((t, used, total))
+        self.memory.append((t, used, total, mine))
         xs = [m[0] for m in self.memory]
         self.mem_used.setData(xs, [m[1] for m in self.memory])
         if sample.gpus:
             self.mem_total.setData(xs, [m[2] for m in self.memory])
+            self.mem_process.setData(xs, [m[3] for m in self.memory], connect="finite")
             if not self._total_in_legend:
-                self.mem_plot.getPlotItem().legend.addItem(self.mem_total, "total")
+                legend = self.mem_plot.getPlotItem().legend
+                legend.addItem(self.mem_total, "total")
+                legend.addItem(self.mem_process, "kvtrim")
                 self._total_in_legend = True
         else:
             self.mem_total.setData([], [])
+            self.mem_process.setData([], [])
         self.memory_label.setText(text)
 
 

@@ -32,15 +32,26 @@ def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
     return int(code)
 
 
-def self_test() -> int:
-    """``kvtrim --self-test``: the engine's check, then Qt and pyqtgraph offscreen."""
+def self_test(argv: Sequence[str] = ()) -> int:
+    """``kvtrim --self-test [--model PATH] [--gpu-layers N] [--no-gui]``: the
+    engine's check, then (unless ``--no-gui``) Qt and pyqtgraph offscreen."""
+    import argparse
     import logging
     import os
+    from pathlib import Path
 
     from engine.selftest import main as engine_self_test
 
+    parser = argparse.ArgumentParser(prog="kvtrim --self-test")
+    parser.add_argument("--model", type=Path, help="a GGUF file (default: the bundled model)")
+    parser.add_argument("--gpu-layers", type=int, default=0, metavar="N", help="-1 or 99: all")
+    parser.add_argument("--no-gui", action="store_true", help="skip the Qt check")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    code = engine_self_test()
+    code = engine_self_test(model=args.model, gpu_layers=args.gpu_layers)
+    if args.no_gui:
+        print("self-test passed" if code == 0 else "self-test failed")
+        return code
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     try:
         import pyqtgraph as pg
@@ -67,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     crashlog.arm()
     if not args:
         return run_app(crash=crashlog.take_last_crash())
-    if args == ["--self-test"]:
-        return self_test()
+    if args[:1] == ["--self-test"]:
+        return self_test(args[1:])
     if "--verbose" in args:
         report = crashlog.take_last_crash()
         if report is not None:

@@ -48,6 +48,40 @@ def test_reads_gpu_memory_through_nvml(monkeypatch):
     assert mon.gpu_peak_bytes == 3 << 30
 
 
+def test_this_process_gpu_memory_from_nvml_or_from_the_start(monkeypatch):
+    import os
+
+    nv = _fake_nvml(fail=False)
+    used = [3 << 30]
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=used[0], total=12 << 30)
+    listed = [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=2 << 30)]
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: listed
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    mon = MemoryMonitor()
+    assert mon.sample().process_gpu_bytes == 2 << 30  # NVML lists this process
+    # a container whose NVML lists host pids: the device's use since the monitor began
+    listed[:] = [types.SimpleNamespace(pid=1, usedGpuMemory=None)]
+    used[0] = 8 << 30
+    sample = mon.sample()
+    assert sample.process_gpu_bytes == 5 << 30 and sample.gpus[0].process_bytes is None
+    assert mon.process_gpu_peak_bytes == 5 << 30 and mon.gpu_peak_bytes == 8 << 30
+    assert sample.t >= 0
+
+
+def test_recorder_keeps_every_sample_and_the_peaks(monkeypatch):
+    import time
+
+    from engine.monitor import MemoryRecorder
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(fail=False))
+    with MemoryRecorder(interval_s=0.01) as rec:
+        time.sleep(0.1)
+    assert len(rec.samples) >= 3
+    times = [s.t for s in rec.samples]
+    assert times == sorted(times)
+    assert rec.monitor.gpu_peak_bytes == 3 << 30 and rec.monitor.rss_peak_bytes > 0
+
+
 def test_driver_failure_degrades(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(fail=True))
     sample = MemoryMonitor().sample()
@@ -74,3 +108,24 @@ def test_gpu_layers_without_gpu_support_run_on_the_cpu_with_a_note():
         with eng.session("snapkv", 128) as s:
             result = Session.collect(s.ask("Clara sold the lamp. " * 30, "Who?", max_tokens=4))
         assert result.stats.generated_tokens > 0
+
+
+def test_the_app_graph_plots_what_the_gpu_check_measures(qtbot):
+    """The app's memory graph shows the sample's own process figure, the one the
+    GPU check (scripts/gpu/check.sh) records with the same monitor."""
+    import math
+
+    from app.graphs import MemoryGraphs
+    from engine.monitor import GpuMemory, MemorySample
+
+    graphs = MemoryGraphs()
+    qtbot.addWidget(graphs)
+    gpu = GpuMemory(0, "NVIDIA GeForce RTX 4070", 9 << 30, 12 << 30, 6 << 30)
+    graphs.add_memory(MemorySample(1 << 30, (gpu,), None, 6 << 30, 1.0))
+    text = graphs.memory_label.text()
+    assert "9,216 of 12,288 MB used" in text and "kvtrim 6,144 MB" in text
+    xs, ys = graphs.mem_process.getData()
+    assert list(ys) == [6144.0]
+    graphs.add_memory(MemorySample(1 << 30, (), "no NVIDIA GPU (test)"))
+    assert "No NVIDIA GPU" in graphs.memory_label.text()
+    assert math.isnan(graphs.memory[-1][3])
