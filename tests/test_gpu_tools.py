@@ -102,3 +102,66 @@ def test_self_test_takes_a_model_and_gpu_layers(tiny_models, capsys):
     assert "99 GPU layers asked for" in out
     with pytest.raises(SystemExit):
         main(["--self-test", "--gpu-layers", "many"])
+
+
+def test_check_dry_run_end_to_end(tmp_path):
+    """scripts/gpu/check.sh --dry-run: tiny models, no GPU layers, every file written."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "WORK": str(tmp_path / "work")}
+    env |= {"LENGTHS": "512", "BUDGETS": "128", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu/check.sh"), "--dry-run"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    names = {p.name for p in out.iterdir()}
+    assert names >= {"gpu.json", "gpu.md", "gpu_memory.png", "gpu_prefill.png", "gpu_trace.png"}
+    assert "self-test passed" in (out / "selftest.txt").read_text()
+    runs = json.loads((out / "gpu.json").read_text())["runs"]
+    assert len(runs) == 2 * 4 and all("prefill_tokens_per_s" in r for r in runs), runs
+    by = {(r["label"], r["config"]): r for r in runs}
+    snap, stream = by[("llama-tiny", "snapkv-128")], by[("llama-tiny", "streaming-128")]
+    assert snap["capture_share"] > 0 and snap["evicted_tokens"] > 0
+    assert stream["capture_share"] is None and stream["flash_attn"] == "auto"
+    default = by[("gemma-tiny", "default")]
+    assert default["flash_attn"] is True and any(
+        k.endswith(" KV") for k in default["llama_buffers"]
+    )
+    assert default["prompt_tokens"] >= 512 and default["trace"]
+    assert "| gemma-tiny | 512 | noflash |" in (out / "gpu.md").read_text()
+
+
+def test_a_failed_or_late_run_is_recorded_and_the_rest_go_on(tmp_path):
+    from engine.bench.gpu import Plan, run_all
+
+    plan = Plan({"missing": str(tmp_path / "none.gguf")}, [256], [64], ["streaming"])
+    plan.gpu_layers, plan.deadline_s = 0, 120
+    records = run_all(plan, tmp_path, log=lambda line: None)
+    assert [r["config"] for r in records] == ["default", "noflash", "streaming-64"]
+    assert all("error" in r for r in records), records
+    plan.deadline_s = 0
+    assert all(r.get("skipped") == "deadline" for r in run_all(plan, tmp_path, log=print))
+
+
+def test_which_documents_fit_a_card():
+    from engine.bench.gpu_report import RESERVE, fit_length, fits
+
+    gib = 2**30
+    records = [
+        {"label": "m", "config": "default", "length": n, "process_gpu_peak_bytes": peak}
+        for n, peak in ((8192, 6 * gib), (32768, 9 * gib), (131072, 21 * gib))
+    ] + [
+        {"label": "m", "config": "snapkv-1024", "length": 131072, "process_gpu_peak_bytes": 5 * gib}
+    ]
+    # a line through the three default runs, where it meets 12 GiB less the reserve
+    est = fit_length(records, "m", 12 * gib)
+    assert est is not None and 50_000 < est < 60_000
+    assert fit_length(records, "m", 12 * gib + 2 * RESERVE) > est
+    text = fits(records)
+    assert "| m | 12 GB | default | 32,768 tokens |" in text
+    assert "| m | 12 GB | snapkv-1024 | 131,072 tokens (the longest measured) |" in text
+    assert "| m | 16 GB | default | 32,768 tokens |" in text
