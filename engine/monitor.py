@@ -116,11 +116,9 @@ class MemoryMonitor:
         used = sum(g.used_bytes for g in gpus)
         mine: int | None = None
         if gpus:
-            listed = [g.process_bytes for g in gpus]
-            if all(b is not None for b in listed):
-                mine = sum(b for b in listed if b is not None)
-            else:  # the devices' use since the monitor started
-                mine = max(0, used - (self._baseline or 0))
+            listed = [g.process_bytes for g in gpus if g.process_bytes is not None]
+            # this process, on the devices that list it; else their use since the start
+            mine = sum(listed) if listed else max(0, used - (self._baseline or 0))
             self.process_gpu_peak_bytes = max(self.process_gpu_peak_bytes, mine)
         self.rss_peak_bytes = max(self.rss_peak_bytes, rss)
         self.gpu_peak_bytes = max(self.gpu_peak_bytes, used)

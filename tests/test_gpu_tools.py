@@ -165,3 +165,53 @@ def test_which_documents_fit_a_card():
     assert "| m | 12 GB | default | 32,768 tokens |" in text
     assert "| m | 12 GB | snapkv-1024 | 131,072 tokens (the longest measured) |" in text
     assert "| m | 16 GB | default | 32,768 tokens |" in text
+
+
+def test_alloc_mode_reads_llama_cpp_buffers_without_reading(tiny_models, tmp_path):
+    """``--alloc``: each context is made, nothing is read; llama.cpp's KV buffer
+    shrinks from the document's size to the budget's."""
+    from engine.bench.gpu import main
+
+    model = f"tiny={tiny_models['llama-tiny']}"
+    args = ["--alloc", "--model", model, "--lengths", "4096", "--budgets", "128"]
+    assert main([*args, "--policies", "snapkv", "--gpu-layers", "0", "--out", str(tmp_path)]) == 0
+    import json
+
+    runs = {r["config"]: r for r in json.loads((tmp_path / "alloc.json").read_text())["runs"]}
+    kv = {
+        c: sum(v for k, v in r["llama_buffers"].items() if k.endswith(" KV"))
+        for c, r in runs.items()
+    }
+    # 2 layers x (K + V) x 2 heads x 64 x 2 bytes = 1 KiB a cell, for the document,
+    # 32 answer tokens and a 128-token frame, in llama.cpp's 256-cell blocks
+    from engine.kvmemory import pad
+
+    assert kv["default"] == kv["noflash"] == pad(4096 + 32 + 128) * 1024
+    assert kv["snapkv-128"] < kv["default"] / 10
+    assert "| tiny | 4,096 | snapkv-128 |" in (tmp_path / "alloc.md").read_text()
+
+
+def test_a_run_on_a_gpu_reports_gpu_memory_not_ram(monkeypatch):
+    """NVML's figure survives the recorder closing its monitor (a review found the
+    GPU figures lost that way): a fake NVML lists this process at 5 GiB."""
+    import os
+    import types
+
+    from engine.bench import gpu
+
+    nv = types.ModuleType("pynvml")
+    nv.nvmlInit = nv.nvmlShutdown = lambda: None
+    nv.nvmlDeviceGetCount = lambda: 1
+    nv.nvmlDeviceGetHandleByIndex = lambda i: i
+    nv.nvmlDeviceGetName = lambda h: "NVIDIA H200"
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=6 << 30, total=141 << 30)
+    listed = [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=5 << 30)]
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: listed
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setattr(gpu, "_plain", lambda run, flash: {"prefill_tokens_per_s": 1.0})
+    record = gpu.measure(gpu.Run("m.gguf", "m", "default", 1024))
+    assert record["gpu"] == "NVIDIA H200"
+    assert record["process_gpu_peak_bytes"] == 5 << 30 and record["device_peak_bytes"] == 6 << 30
+    from engine.bench.gpu_report import table
+
+    assert "GPU peak GiB" in table([record]) and "| 5.00 |" in table([record])

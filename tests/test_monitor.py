@@ -124,7 +124,7 @@ def test_the_app_graph_plots_what_the_gpu_check_measures(qtbot):
     graphs.add_memory(MemorySample(1 << 30, (gpu,), None, 6 << 30, 1.0))
     text = graphs.memory_label.text()
     assert "9,216 of 12,288 MB used" in text and "kvtrim 6,144 MB" in text
-    xs, ys = graphs.mem_process.getData()
+    _, ys = graphs.mem_process.getData()
     assert list(ys) == [6144.0]
     graphs.add_memory(MemorySample(1 << 30, (), "no NVIDIA GPU (test)"))
     assert "No NVIDIA GPU" in graphs.memory_label.text()

@@ -17,6 +17,10 @@ sizes (its "model/KV/compute buffer size" log lines) split that figure. Runs:
 
 Units: bytes, seconds, tokens per second. Document lengths are in the model's
 tokens. Quality is not measured here: synthetic weights answer nothing.
+
+``--alloc`` needs no GPU: each configuration's context is created and nothing is
+read, and llama.cpp's own buffer sizes are recorded. The KV buffer is the same
+bytes on any backend; compute buffers are the CPU backend's (CUDA's differ).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..session import Session
 from .tasks import filler_haystack
 
 _BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size =\s+([\d.]+) MiB")
+_FLASH = re.compile(r"Flash Attention (enabled|disabled)", re.IGNORECASE)
 _MiB = 2**20
 PREFIX, SUFFIX = "Read the document.\n\n", "\n\nWhat is it about? It is about"
 
@@ -62,17 +67,23 @@ class Run:
 
 
 class _BufferLog(logging.Handler):
-    """llama.cpp's buffer-size lines, summed by (device, kind)."""
+    """llama.cpp's buffer-size lines, summed by (device, kind), and whether it
+    turned flash attention on ("auto" is resolved when the context is made)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.sizes: dict[str, float] = {}
+        self.flash: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = _BUFFER.search(record.getMessage())
+        text = record.getMessage()
+        m = _BUFFER.search(text)
         if m:
             key = f"{m.group(1)} {m.group(2)}"
             self.sizes[key] = self.sizes.get(key, 0.0) + float(m.group(3)) * _MiB
+        f = _FLASH.search(text)
+        if f:
+            self.flash = f.group(1).lower()
 
 
 def document_tokens(tokenize: Callable[[str], list[int]], length: int) -> list[int]:
@@ -158,15 +169,54 @@ def _kvtrim(run: Run) -> dict[str, Any]:
     }
 
 
-def measure(run: Run) -> dict[str, Any]:
-    """One run in this process: its figures and memory trace."""
+def _buffer_log() -> _BufferLog:
+    """Collects llama.cpp's INFO lines; its warnings and errors (a failed
+    allocation, say) still reach stderr, which the parent keeps."""
     log = logging.getLogger("kvtrim.llama")
     buffers = _BufferLog()
     log.addHandler(buffers)
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setLevel(logging.WARNING)
+    log.addHandler(warnings)
     log.setLevel(logging.INFO)
     log.propagate = False
+    return buffers
+
+
+def allocation(run: Run) -> dict[str, Any]:
+    """llama.cpp's buffers for ``run`` when its context is made; nothing is read."""
+    buffers = _buffer_log()
+    frame = run.decode_tokens + 128
+    if run.config in ("default", "noflash"):
+        llm = reference_llama(
+            run.model,
+            n_ctx=run.length + frame,
+            n_batch=2048,
+            n_ubatch=512,
+            n_gpu_layers=run.gpu_layers,
+            flash_attn=run.config == "default",
+            swa_full=False,
+            verbose=False,
+        )
+        llm.close()
+    else:
+        policy, budget = run.config.rsplit("-", 1)
+        with (
+            Engine(run.model, n_gpu_layers=run.gpu_layers) as engine,
+            engine.session(policy, int(budget)) as session,
+        ):
+            session.prepare(run.length + frame)
+    sizes = {k: round(v) for k, v in sorted(buffers.sizes.items())}
+    logging.getLogger("kvtrim.llama").removeHandler(buffers)
+    return {**asdict(run), "alloc_only": True, "llama_buffers": sizes}
+
+
+def measure(run: Run) -> dict[str, Any]:
+    """One run in this process: its figures and memory trace."""
+    buffers = _buffer_log()
     start = time.perf_counter()
     with MemoryRecorder(0.05, MemoryMonitor()) as rec:
+        on_gpu = rec.monitor.has_gpu  # read before the recorder closes the monitor
         if run.config in ("default", "noflash"):
             figures = _plain(run, flash=run.config == "default")
         else:
@@ -175,11 +225,12 @@ def measure(run: Run) -> dict[str, Any]:
     return {
         **asdict(run),
         **figures,
+        "flash_resolved": buffers.flash,  # what llama.cpp chose for the last context made
         "wall_s": time.perf_counter() - start,
         "gpu": rec.samples[0].gpus[0].name if rec.samples[0].gpus else None,
         "gpu_note": mon.gpu_note,
-        "process_gpu_peak_bytes": mon.process_gpu_peak_bytes if mon.has_gpu else None,
-        "device_peak_bytes": mon.gpu_peak_bytes if mon.has_gpu else None,
+        "process_gpu_peak_bytes": mon.process_gpu_peak_bytes if on_gpu else None,
+        "device_peak_bytes": mon.gpu_peak_bytes if on_gpu else None,
         "rss_peak_bytes": mon.rss_peak_bytes,
         "llama_buffers": {k: round(v) for k, v in sorted(buffers.sizes.items())},
         "trace": _trace(rec.samples),
@@ -198,22 +249,31 @@ class Plan:
     deadline_s: float = 420.0
 
     def runs(self) -> list[Run]:
-        """Most wanted first: every configuration of the first model, then the
-        others; a deadline cuts from the end."""
+        """Shortest documents first, every model and configuration at each length:
+        a deadline cuts the longest documents, not a whole model."""
         configs = ["default", "noflash"]
         configs += [f"{p}-{b}" for b in self.budgets for p in self.policies]
         return [
             Run(path, label, config, length, self.gpu_layers, self.decode_tokens, self.speed_max)
-            for label, path in self.models.items()
             for length in self.lengths
+            for label, path in self.models.items()
             for config in configs
         ]
 
 
-def run_all(plan: Plan, out: Path, log: Any = print) -> list[dict[str, Any]]:
-    """Every run in its own process, results to ``out/gpu.json`` as they come;
-    a run that would start past the deadline, or fails, is recorded as such."""
+def run_limit_s(run: Run) -> float:
+    """The most one run may take (a hang or a slow capture does not eat the rest):
+    loading and 2,000 tokens a second of document at least."""
+    return 60 + run.length / 2000
+
+
+def run_all(plan: Plan, out: Path, log: Any = print, alloc: bool = False) -> list[dict[str, Any]]:
+    """Every run in its own process, results to ``out/gpu.json`` as they come and
+    each child's stderr to ``out/runs.log``; a run that would start past the
+    deadline, or fails, is recorded as such and the others go on."""
     out.mkdir(parents=True, exist_ok=True)
+    stderr_log = out / "runs.log"
+    stderr_log.write_text("")
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
     meta = {"llama_cpp": system_info(), "plan": asdict(plan), "command": " ".join(sys.argv)}
@@ -224,19 +284,29 @@ def run_all(plan: Plan, out: Path, log: Any = print) -> list[dict[str, Any]]:
             continue
         t0 = time.perf_counter()
         args = [sys.executable, "-m", "engine.bench.gpu", "--one", json.dumps(asdict(run))]
+        args += ["--alloc"] if alloc else []
+        limit = min(left, run_limit_s(run))
         try:
-            done = subprocess.run(args, capture_output=True, text=True, timeout=left)
+            done = subprocess.run(args, capture_output=True, text=True, timeout=limit)
+            with stderr_log.open("a") as f:
+                f.write(f"== {run.label} {run.length} {run.config}: exit {done.returncode}\n")
+                f.write(done.stderr)
             lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
             if done.returncode != 0 or not lines:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-                record = {**asdict(run), "error": f"exit {done.returncode}: {' | '.join(tail)}"}
+                record = {**asdict(run), "error": f"exit {done.returncode}: {' / '.join(tail)}"}
             else:
                 record = json.loads(lines[-1])
         except subprocess.TimeoutExpired:
-            record = {**asdict(run), "error": f"past the deadline after {left:.0f} s"}
+            record = {**asdict(run), "error": f"stopped after {limit:.0f} s"}
+        except Exception as exc:  # one bad run must not lose the others
+            record = {**asdict(run), "error": f"{type(exc).__name__}: {exc}"}
+        if "error" in record:  # it goes into a Markdown table cell
+            record["error"] = str(record["error"]).replace("|", "/")
         records.append(record)
         log(_line(record, time.perf_counter() - t0))
-        (out / "gpu.json").write_text(json.dumps({**meta, "runs": records}, indent=1))
+        name = "alloc.json" if alloc else "gpu.json"
+        (out / name).write_text(json.dumps({**meta, "runs": records}, indent=1))
     return records
 
 
@@ -244,6 +314,8 @@ def _line(r: dict[str, Any], secs: float) -> str:
     what = f"{r['label']} {r['length']:>7,} tokens {r['config']:<16}"
     if "error" in r or "skipped" in r:
         return f"{what} {r.get('error') or 'skipped: ' + r['skipped']}"
+    if r.get("alloc_only"):
+        return f"{what} {r['llama_buffers']}  ({secs:.0f} s)"
     peak = r["process_gpu_peak_bytes"]
     if peak is not None:
         mem = f"GPU {peak / 2**30:6.2f} GiB"
@@ -269,9 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed-max", type=int, default=32768, help="noflash past this: memory only")
     p.add_argument("--deadline", type=float, default=420.0, help="seconds for all runs")
     p.add_argument("--out", type=Path, default=Path("bench-out/gpu"))
+    p.add_argument("--alloc", action="store_true", help="buffers only, nothing read, no GPU")
     a = p.parse_args(argv)
     if a.one:
-        print(json.dumps(measure(Run(**json.loads(a.one)))), flush=True)
+        run = Run(**json.loads(a.one))
+        print(json.dumps(allocation(run) if a.alloc else measure(run)), flush=True)
         return 0
     if not a.model:
         p.error("give at least one --model LABEL=PATH")
@@ -285,9 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         speed_max=a.speed_max,
         deadline_s=a.deadline,
     )
-    records = run_all(plan, a.out, log=lambda line: print(line, flush=True))
-    from .gpu_report import write_report
+    records = run_all(plan, a.out, log=lambda line: print(line, flush=True), alloc=a.alloc)
+    from .gpu_report import alloc_table, write_report
 
+    if a.alloc:
+        (a.out / "alloc.md").write_text(alloc_table(records) + "\n")
+        print(alloc_table(records))
+        return 0 if any("alloc_only" in r for r in records) else 1
     write_report(records, a.out)
     return 0 if any("prefill_tokens_per_s" in r for r in records) else 1
 

@@ -30,9 +30,26 @@ def _on_gpu(records: list[dict[str, Any]]) -> bool:
     return any(r.get("process_gpu_peak_bytes") is not None for r in records)
 
 
-def _buffers(r: dict[str, Any], kind: str) -> float | None:
-    """llama.cpp's own buffer of this kind (model, KV, compute), MiB, all devices."""
-    sizes = [v for k, v in r.get("llama_buffers", {}).items() if k.endswith(" " + kind)]
+def _on_device(name: str) -> bool:
+    """A llama.cpp buffer in GPU memory: CUDA0, CUDA1... (CUDA_Host is pinned RAM)."""
+    return name.startswith("CUDA") and not name.startswith("CUDA_Host")
+
+
+def _buffers(r: dict[str, Any], kind: str, where: str = "gpu") -> float | None:
+    """llama.cpp's own buffers of this kind (model, KV, compute), MiB. ``gpu``: those
+    in GPU memory where the run had any, else the CPU's (a dry run); ``host``: the
+    rest where the run had GPU buffers. Never the CPU's repacked copies of weights
+    (a CPU detail: the mapped file stays mapped)."""
+    buffers = {
+        k.rsplit(" ", 1)[0]: v
+        for k, v in r.get("llama_buffers", {}).items()
+        if k.endswith(" " + kind) and not k.startswith("CPU_REPACK")
+    }
+    gpu = any(_on_device(k) for k in r.get("llama_buffers", {}))
+    if where == "gpu":
+        sizes = [v for k, v in buffers.items() if _on_device(k) or not gpu]
+    else:
+        sizes = [v for k, v in buffers.items() if gpu and not _on_device(k)]
     return sum(sizes) / _MiB if sizes else None
 
 
@@ -69,22 +86,24 @@ def fit_length(records: list[dict[str, Any]], label: str, card: int) -> int | No
 def table(records: list[dict[str, Any]]) -> str:
     gpu = _on_gpu(records)
     mem = "GPU peak GiB" if gpu else "RAM peak GiB (no GPU)"
+    where = "on the GPU" if gpu else "(CPU)"
     head = (
-        f"| model | tokens | run | {mem} | llama.cpp model / KV / compute MiB | "
-        "prefill tok/s | decode tok/s | capture share |"
+        f"| model | tokens | run | {mem} | llama.cpp model / KV / compute MiB {where} | "
+        "host buffers MiB | prefill tok/s | decode tok/s | capture share |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         what = f"| {r['label']} | {r['length']:,} | {r['config']} |"
         if "error" in r or "skipped" in r:
-            lines.append(f"{what} {r.get('error') or 'not run: ' + r['skipped']} | | | | |")
+            lines.append(f"{what} {r.get('error') or 'not run: ' + r['skipped']} | | | | | |")
             continue
         parts = [_buffers(r, k) for k in ("model", "KV", "compute")]
         bufs = " / ".join(_mib(p) for p in parts)
+        host = sum(_buffers(r, k, "host") or 0 for k in ("model", "KV", "compute", "output"))
         peak = _peak(r)
         share = r.get("capture_share")
         lines.append(
-            f"{what} {_fmt(peak / _GiB if peak else None, '.2f')} | {bufs} | "
+            f"{what} {_fmt(peak / _GiB if peak else None, '.2f')} | {bufs} | {_mib(host)} | "
             f"{_fmt(r.get('prefill_tokens_per_s'), ',.0f') or 'memory only'} | "
             f"{_fmt(r.get('decode_tokens_per_s'), ',.1f')} | "
             f"{'reads none' if share is None else format(share, '.1%')} |"
@@ -173,6 +192,22 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[Path]:
     return [*paths, out / "gpu_trace.png"]
 
 
+def alloc_table(records: list[dict[str, Any]]) -> str:
+    """llama.cpp's KV and compute buffers (MiB) when each context is made."""
+    lines = [
+        "| model | tokens | run | KV MiB | compute MiB (CPU backend) | model MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        what = f"| {r['label']} | {r['length']:,} | {r['config']} |"
+        if not r.get("alloc_only"):
+            lines.append(f"{what} {r.get('error') or 'not run'} | | |")
+            continue
+        kv, compute, model = (_buffers(r, k) for k in ("KV", "compute", "model"))
+        lines.append(f"{what} {_mib(kv)} | {_mib(compute)} | {_mib(model)} |")
+    return "\n".join(lines)
+
+
 def write_report(records: list[dict[str, Any]], out: Path) -> Path:
     gpus = {r["gpu"] for r in records if r.get("gpu")}
     where = ", ".join(sorted(gpus)) or "no GPU (a dry run on the CPU: RAM, not VRAM)"
@@ -182,7 +217,12 @@ def write_report(records: list[dict[str, Any]], out: Path) -> Path:
             "Synthetic weights (scripts/gpu/synth_model.py): speed and memory only. "
             "Memory is the process's peak (weights, KV cache, compute buffers, CUDA "
             f"context); a card fits a run when the peak is under its size less "
-            f"{RESERVE // _MiB} MiB.",
+            f"{RESERVE // _MiB} MiB. The CUDA build is scripts/gpu/build_wheel.sh's: "
+            "without CUDA's virtual memory management (GGML_CUDA_NO_VMM, no driver stub "
+            "to link against where it was built), so llama.cpp's legacy memory pool "
+            "serves its temporary buffers and peaks may differ a little from a stock "
+            "build's. Flash attention as llama.cpp resolved it is in gpu.json "
+            "(flash_resolved).",
             table(records),
             "## Which documents fit",
             fits(records),

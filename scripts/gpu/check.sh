@@ -18,7 +18,9 @@ OUT=${OUT:-bench-out/gpu}
 WORK=${WORK:-/tmp/kvtrim-gpu}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee "$OUT/check.log") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+trap 'exec >&- 2>&-; wait' EXIT  # let tee write the last lines
+# GGML_NO_BACKTRACE: a crash prints no gdb backtrace (slow or hanging in some sandboxes)
+export PYTHONUNBUFFERED=1 GGML_NO_BACKTRACE=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 
 if [ "${1:-}" = "--dry-run" ]; then
@@ -37,7 +39,8 @@ else
   SITE=$WORK/site
   rm -rf "$SITE" && mkdir -p "$SITE"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl
-  tar -C "$SITE" -xJf .gpu/llama_cpp-cuda.tar.xz
+  "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    .gpu/llama_cpp-cuda.tar.xz "$SITE"
   export PYTHONPATH=$PYTHONPATH:$SITE
   # the build's RUNPATH names its own toolkit folder: CUDA's runtime libraries
   # come from this machine's pip packages (nvidia-cublas, nvidia-cuda-runtime)
@@ -50,6 +53,16 @@ EOF
 )
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  cat .gpu/BUILD 2>/dev/null || true  # what build_wheel.sh built, for which architectures
+  # fail in seconds, not after the models are written: the CUDA library, its
+  # libraries (a CUDA 13 build needs libcudart/libcublas .so.13 and a 580+ driver)
+  cuda_lib=$(ls "$SITE"/llama_cpp/lib/libggml-cuda.so* 2>/dev/null | head -1)
+  [ -n "$cuda_lib" ] || { echo "check: the carried build has no libggml-cuda: not a CUDA build" >&2; exit 3; }
+  if ldd "$cuda_lib" | grep "not found"; then
+    echo "check: libraries of $cuda_lib not found (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)" >&2; exit 3
+  fi
+  "$PY" -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' \
+    || { echo "check: llama.cpp loads but offers no GPU offload" >&2; exit 3; }
 fi
 echo "check: python $("$PY" -c 'import sys; print(sys.version.split()[0])'), $(nproc) CPUs"
 

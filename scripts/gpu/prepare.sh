@@ -12,11 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARCHS=${1:-90}
 PY=${PYTHON:-.venv/bin/python}
-if [ ! -f dist/gpu/llama_cpp-cuda.tar.xz ]; then
+# a build for other architectures (or none) is built again
+if ! grep -qx "architectures $ARCHS" dist/gpu/BUILD 2>/dev/null; then
   bash scripts/gpu/build_wheel.sh "$ARCHS" dist/gpu
 fi
 rm -rf .gpu && mkdir -p .gpu/wheels
-cp dist/gpu/llama_cpp-cuda.tar.xz .gpu/
+cp dist/gpu/llama_cpp-cuda.tar.xz dist/gpu/BUILD .gpu/
 "$PY" scripts/gpu/synth_model.py vocab .gpu/vocab.gguf
 # llama-cpp-python needs diskcache; kvtrim's engine platformdirs and rank-bm25; the
 # synthetic models gguf (its own needs, numpy, pyyaml, requests and tqdm, are there)
