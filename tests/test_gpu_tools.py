@@ -141,10 +141,25 @@ def test_a_failed_or_late_run_is_recorded_and_the_rest_go_on(tmp_path):
     plan = Plan({"missing": str(tmp_path / "none.gguf")}, [256], [64], ["streaming"])
     plan.gpu_layers, plan.deadline_s = 0, 120
     records = run_all(plan, tmp_path, log=lambda line: None)
-    assert [r["config"] for r in records] == ["default", "noflash", "streaming-64"]
+    assert [r["config"] for r in records] == ["default", "streaming-64", "noflash"]
     assert all("error" in r for r in records), records
     plan.deadline_s = 0
     assert all(r.get("skipped") == "deadline" for r in run_all(plan, tmp_path, log=print))
+
+
+def test_the_most_wanted_runs_come_first():
+    from engine.bench.gpu import Plan
+
+    plan = Plan({"a": "a.gguf", "b": "b.gguf"}, [8192, 32768, 131072], [1024, 4096])
+    order = [(r.label, r.length, r.config) for r in plan.runs()]
+    assert len(order) == 2 * 3 * 6
+    assert order[:6] == [(m, n, "default") for n in (8192, 32768, 131072) for m in "ab"]
+    assert order[6:10] == [
+        ("a", 131072, "snapkv-1024"), ("a", 131072, "streaming-1024"),
+        ("b", 131072, "snapkv-1024"), ("b", 131072, "streaming-1024"),
+    ]  # fmt: skip
+    assert {c for _, _, c in order[10:16]} == {"noflash"}
+    assert order[-1][1] == 8192 and order[-1][2].startswith("streaming")
 
 
 def test_which_documents_fit_a_card():

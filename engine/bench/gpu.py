@@ -249,16 +249,32 @@ class Plan:
     deadline_s: float = 420.0
 
     def runs(self) -> list[Run]:
-        """Shortest documents first, every model and configuration at each length:
-        a deadline cuts the longest documents, not a whole model."""
+        """Every model, length and configuration, most wanted first, so that a
+        deadline cuts the least wanted: llama.cpp's default at every length (what
+        fits a card), kvtrim at the smallest budget on the longest document, no
+        flash attention, kvtrim's other budgets on the longest document, then
+        kvtrim on shorter documents (its memory does not depend on the length)."""
         configs = ["default", "noflash"]
         configs += [f"{p}-{b}" for b in self.budgets for p in self.policies]
-        return [
+        runs = [
             Run(path, label, config, length, self.gpu_layers, self.decode_tokens, self.speed_max)
             for length in self.lengths
             for label, path in self.models.items()
             for config in configs
         ]
+        models = list(self.models)
+        longest, smallest = max(self.lengths), min(self.budgets)
+
+        def priority(run: Run) -> tuple[int, int, int]:
+            if run.config in ("default", "noflash"):
+                tier = 0 if run.config == "default" else 2
+            elif run.length == longest:
+                tier = 1 if run.config.endswith(f"-{smallest}") else 3
+            else:
+                return (4, -run.length, models.index(run.label))
+            return (tier, run.length, models.index(run.label))
+
+        return sorted(runs, key=priority)  # stable: policies keep their order
 
 
 def run_limit_s(run: Run) -> float:

@@ -83,7 +83,20 @@ def fit_length(records: list[dict[str, Any]], label: str, card: int) -> int | No
     return max(0, int((card - RESERVE - (my - slope * mx)) / slope))
 
 
+def _reading_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """By model, document length, then llama.cpp's runs before kvtrim's (the runs
+    themselves went most wanted first)."""
+    models = list(dict.fromkeys(r["label"] for r in records))
+    plain = {"default": 0, "noflash": 1}
+
+    def key(r: dict[str, Any]) -> tuple[int, int, int, str]:
+        return (models.index(r["label"]), r["length"], plain.get(r["config"], 2), r["config"])
+
+    return sorted(records, key=key)
+
+
 def table(records: list[dict[str, Any]]) -> str:
+    records = _reading_order(records)
     gpu = _on_gpu(records)
     mem = "GPU peak GiB" if gpu else "RAM peak GiB (no GPU)"
     where = "on the GPU" if gpu else "(CPU)"
