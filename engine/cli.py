@@ -365,6 +365,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "finish_reason": done.reason,
         "rss_peak_bytes": monitor.rss_peak_bytes,
         "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.gpu_note is None else None,
+        # this process's own (weights, KV, buffers): what the app plots and the GPU check
+        "gpu_process_peak_bytes": (
+            monitor.process_gpu_peak_bytes if monitor.gpu_note is None else None
+        ),
         "gpu": monitor.gpu_note or "NVIDIA GPU",
         "model": engine.model_name,
         "cpu_path": engine.model.cpu_path.describe(),
@@ -423,9 +427,10 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"process RSS: {sample.rss_bytes / _MB:.0f} MB\n")
         if sample.gpus:
             for g in sample.gpus:
+                mine = "" if g.process_bytes is None else f", kvtrim {g.process_bytes / _MB:.0f} MB"
                 out.write(
                     f"GPU {g.index} {g.name}: {g.used_bytes / _MB:.0f} / "
-                    f"{g.total_bytes / _MB:.0f} MB\n"
+                    f"{g.total_bytes / _MB:.0f} MB{mine}\n"
                 )
         else:
             out.write(f"GPU: {sample.gpu_note}\n")
