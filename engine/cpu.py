@@ -48,6 +48,16 @@ def build_features(info: str) -> dict[str, bool]:
     return found
 
 
+_GPU_BACKENDS = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "MUSA", "CANN", "OpenCL")
+
+
+def gpu_backends(info: str) -> list[str]:
+    """The GPU backends llama.cpp was built with, from its system info
+    (``"CUDA : ARCHS = 900 | ... | CPU : ..."``): ["CUDA"], or [] for a CPU build."""
+    names = {part.split(":")[0].strip() for part in info.split("|") if ":" in part}
+    return [b for b in _GPU_BACKENDS if b in names]
+
+
 @functools.cache
 def cpu_flags(path: Path = _CPUINFO) -> frozenset[str]:
     """The kernel's CPU flags (``/proc/cpuinfo``); empty where it cannot be read."""

@@ -19,7 +19,7 @@ from llama_cpp import _internals
 from platformdirs import user_cache_dir
 
 from . import _ggml
-from .cpu import CpuPath, resolve_repack
+from .cpu import CpuPath, gpu_backends, resolve_repack, system_info
 from .errors import ModelError
 from .kvmemory import KVLayout, layout
 
@@ -295,6 +295,13 @@ class Model:
     def device_note(self) -> str | None:
         """Why GPU layers asked for are not used, or None when they are (or none asked)."""
         if self.n_gpu_layers > 0 and not self.gpu_offload:
+            backends = gpu_backends(system_info())
+            if backends:  # a GPU build on a machine without a usable GPU or driver
+                return (
+                    f"{self.n_gpu_layers} GPU layers asked for, but this {'/'.join(backends)} "
+                    "build of llama.cpp found no usable GPU (no device, or its driver is "
+                    "missing or too old): the model runs on the CPU"
+                )
             return (
                 f"{self.n_gpu_layers} GPU layers asked for, but this llama.cpp build has no "
                 "GPU support: the model runs on the CPU"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .bench.tasks import PASSKEY_PREFIX, PASSKEY_SUFFIX, filler_haystack
-from .cpu import system_info
+from .cpu import gpu_backends, system_info
 from .monitor import MemoryMonitor
 from .prompts import Prompt
 from .runtime import Engine
@@ -58,7 +58,13 @@ def _engine_check(out: TextIO, model: Path | None, gpu_layers: int) -> bool:
 
 def _gpu_line(monitor: MemoryMonitor, gpu_layers: int, offload: bool) -> str:
     sample = monitor.sample()
-    build = "a GPU build" if offload else "a CPU-only build"
+    backends = gpu_backends(system_info())
+    if offload:
+        build = "a GPU build"
+    elif backends:
+        build = f"a {'/'.join(backends)} build that found no usable GPU"
+    else:
+        build = "a CPU-only build"
     if not sample.gpus:
         return f"GPU: none ({sample.gpu_note}); {build}, {gpu_layers} GPU layers asked for\n"
     gpu = sample.gpus[0]

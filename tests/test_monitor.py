@@ -129,3 +129,22 @@ def test_the_app_graph_plots_what_the_gpu_check_measures(qtbot):
     graphs.add_memory(MemorySample(1 << 30, (), "no NVIDIA GPU (test)"))
     assert "No NVIDIA GPU" in graphs.memory_label.text()
     assert math.isnan(graphs.memory[-1][3])
+
+
+def test_gpu_backends_from_llama_cpp_system_info():
+    from engine.cpu import gpu_backends
+
+    cuda = "CUDA : ARCHS = 900 | NO_VMM = 1 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX2 = 1 | "
+    assert gpu_backends(cuda) == ["CUDA"]
+    assert gpu_backends("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | OPENMP = 1 | REPACK = 1 |") == []
+
+
+def test_a_gpu_build_without_a_gpu_says_so(monkeypatch):
+    """The CUDA build made by scripts/gpu/build_wheel.sh, loaded here (no driver),
+    runs on the CPU; the note names the build and the missing GPU, not a CPU build."""
+    from engine import model as model_module
+
+    monkeypatch.setattr(model_module, "system_info", lambda: "CUDA : ARCHS = 900 | CPU : AVX2 = 1")
+    m = object.__new__(model_module.Model)
+    m.n_gpu_layers, m.gpu_offload = 99, False
+    assert "this CUDA build of llama.cpp found no usable GPU" in m.device_note

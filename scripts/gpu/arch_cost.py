@@ -6,8 +6,10 @@ architecture, scaled by the whole build measured for one architecture.
 
 Reads build/gpu/build.log (the compile commands; build_wheel.sh writes it) and
 build/gpu/ninja_log (ninja's per-file times, copied while the build ran), compiles
-the sample from the sdist build_wheel.sh fetched, and prints a Markdown table.
-Times are CPU seconds (one nvcc per file), sizes bytes of object code.
+the sample from the sdist build_wheel.sh fetched (two architectures at a time, one
+nvcc each), and prints a Markdown table. The whole CUDA part for an architecture is
+its sample's seconds times (all CUDA files' time / the sample's time) in the ninja
+log, so a build slowed by other work still scales right. Sizes: bytes of object code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 WORK = Path("build/gpu")
@@ -71,32 +74,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lib-bytes", type=int, help="libggml-cuda.so of the measured build")
     a = p.parse_args(argv)
     times, cmds = cuda_times(WORK / "ninja_log"), commands(WORK / "build.log")
+    if not cmds or not times:
+        p.error("no CUDA compile commands or times in build/gpu: run build_wheel.sh first")
+    if len(times) < len(cmds):
+        print(f"warning: {len(times)} of {len(cmds)} CUDA files timed", file=sys.stderr)
     measured = _ARCH.search(next(iter(cmds.values())))
     assert measured is not None
     base = measured.group(1)
-    picked = [t for t in sample({t: s for t, s in times.items() if t in cmds}, a.sample)]
+    picked = sample({t: s for t, s in times.items() if t in cmds}, a.sample)
     sdist = next(WORK.glob("llama_cpp_python-*.tar.gz"))
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
         src = next(Path(tmp).glob("llama_cpp_python-*"))
-        cost: dict[str, tuple[float, int]] = {}
-        for arch in a.archs.split(","):
+
+        def one(arch: str) -> tuple[float, int]:
+            out = Path(tmp) / f"sm{arch}"
+            out.mkdir()
             secs = size = 0.0
             for target in picked:
-                s, b = compile_for(cmds[target], arch, src, Path(tmp))
+                s, b = compile_for(cmds[target], arch, src, out)
                 secs, size = secs + s, size + b
-            cost[arch] = (secs, int(size))
             print(f"sm_{arch}: sample {secs:.0f} s, {size / 2**20:.1f} MiB", file=sys.stderr)
-    total_s = sum(times.values())
-    ref_s, ref_b = cost.get(base, (sum(times[t] for t in picked), 0))
-    print(f"Measured build: sm_{base}, {len(times)} CUDA files, {total_s / 60:.0f} CPU-minutes.")
+            return secs, int(size)
+
+        archs = a.archs.split(",")
+        with ThreadPoolExecutor(2) as pool:
+            cost = dict(zip(archs, pool.map(one, archs), strict=True))
+    scale = sum(times.values()) / sum(times[t] for t in picked)
+    ref_b = cost[base][1] if base in cost else 0
+    print(f"Measured build: sm_{base}, {len(times)} CUDA files; the sample's share of their")
+    print(f"time in the ninja log: 1/{scale:.1f}.")
     print(f"Sample: {', '.join(Path(t).name.removesuffix('.cu.o') for t in picked)}.\n")
     print("| architecture | sample CPU s | sample object MiB | est. CUDA CPU-minutes | est. MiB |")
     print("|---|---|---|---|---|")
     for arch, (secs, size) in cost.items():
-        est_min = total_s * secs / ref_s / 60
         est_mib = f"{a.lib_bytes * size / ref_b / 2**20:.0f}" if a.lib_bytes and ref_b else ""
+        est_min = secs * scale / 60
         print(f"| sm_{arch} | {secs:.0f} | {size / 2**20:.1f} | {est_min:.0f} | {est_mib} |")
     return 0
 

@@ -78,7 +78,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCHS -DGGML_CUDA_NO_VMM=ON \
 -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF \
 -DCUDAToolkit_ROOT=$ROOT -DCMAKE_CUDA_COMPILER=$ROOT/bin/nvcc"
-rm -f "$OUT"/llama_cpp_python-*.whl
+rm -f "$OUT"/llama_cpp_python-*.whl "$OUT/llama_cpp-cuda.tar.xz" "$OUT/BUILD"
 start=$(date +%s)
 nice -n 10 "${PIP[@]}" wheel --no-deps -v -w "$OUT" \
   "$WORK/llama_cpp_python-$VERSION.tar.gz" >"$WORK/build.log" 2>&1 || {
@@ -104,6 +104,9 @@ rm -rf "$WORK/pkg" && mkdir -p "$WORK/pkg"
 )
 tar -C "$WORK/pkg" -cJf "$OUT/llama_cpp-cuda.tar.xz" llama_cpp
 cuda_so=$(find "$WORK/pkg/llama_cpp/lib" -name 'libggml-cuda.so*' -type f | head -1)
-printf 'build_wheel: %s in %d min; wheel %s MB, libggml-cuda %s MB, llama_cpp-cuda.tar.xz %s MB\n' \
+summary=$(printf '%s in %d min; wheel %s MB, libggml-cuda %s MB, llama_cpp-cuda.tar.xz %s MB' \
   "$ARCHS" $((secs / 60)) "$(du -m "$wheel" | cut -f1)" "$(du -m "$cuda_so" | cut -f1)" \
-  "$(du -m "$OUT/llama_cpp-cuda.tar.xz" | cut -f1)"
+  "$(du -m "$OUT/llama_cpp-cuda.tar.xz" | cut -f1)")
+printf 'architectures %s\nllama-cpp-python %s, CUDA %s\n%s\n' "$ARCHS" "$VERSION" "$CUDA_MAJOR" \
+  "$summary" >"$OUT/BUILD"
+echo "build_wheel: $summary"
