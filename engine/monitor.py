@@ -57,6 +57,7 @@ class MemoryMonitor:
     _process: psutil.Process = field(default_factory=psutil.Process, repr=False)
     _start: float = field(default_factory=time.monotonic, repr=False)
     _baseline: int | None = field(default=None, repr=False)  # devices' use at start
+    _gpu_seen: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -70,11 +71,14 @@ class MemoryMonitor:
             self._nvml = None
             self.gpu_note = f"no NVIDIA GPU ({type(exc).__name__}: {exc})".rstrip()
             return
+        self._gpu_seen = True
         self._baseline = sum(g.used_bytes for g in self._gpus())
 
     @property
     def has_gpu(self) -> bool:
-        return self._nvml is not None
+        """NVML saw a GPU when the monitor started; still true after ``close``, so
+        peaks read after it are reported as GPU figures."""
+        return self._gpu_seen
 
     def _gpus(self) -> tuple[GpuMemory, ...]:
         nv = self._nvml

@@ -37,19 +37,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-import numpy as np
+from llama_cpp import Llama
 
 from ..cpu import reference_llama, system_info
 from ..monitor import MemoryMonitor, MemoryRecorder, MemorySample
 from ..prompts import Prompt
 from ..runtime import Engine
 from ..session import Session
+from .reference import decode_greedy
 from .tasks import filler_haystack
 
 _BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size =\s+([\d.]+) MiB")
 _FLASH = re.compile(r"Flash Attention (enabled|disabled)", re.IGNORECASE)
 _MiB = 2**20
+FRAME = 128  # tokens beside the document and the answer: the prompt's frame is under 64
 PREFIX, SUFFIX = "Read the document.\n\n", "\n\nWhat is it about? It is about"
 
 
@@ -102,12 +103,11 @@ def _trace(samples: list[MemorySample]) -> list[tuple[float, float]]:
     return out
 
 
-def _plain(run: Run, flash: bool) -> dict[str, Any]:
-    """llama.cpp alone: prefill the document, decode greedily."""
-    memory_only = not flash and run.length > run.speed_max
-    llm = reference_llama(
+def _llama_default(run: Run, flash: bool) -> Llama:
+    """llama.cpp as llama-server runs it (see the module doc), sized for ``run``."""
+    return reference_llama(
         run.model,
-        n_ctx=run.length + run.decode_tokens + 128,  # the prompt's frame: under 64 tokens
+        n_ctx=run.length + run.decode_tokens + FRAME,
         n_batch=2048,
         n_ubatch=512,
         n_gpu_layers=run.gpu_layers,
@@ -115,6 +115,12 @@ def _plain(run: Run, flash: bool) -> dict[str, Any]:
         swa_full=False,
         verbose=False,
     )
+
+
+def _plain(run: Run, flash: bool) -> dict[str, Any]:
+    """llama.cpp alone: prefill the document, decode greedily."""
+    memory_only = not flash and run.length > run.speed_max
+    llm = _llama_default(run, flash)
     try:
 
         def tokenize(text: str) -> list[int]:
@@ -127,11 +133,7 @@ def _plain(run: Run, flash: bool) -> dict[str, Any]:
         prefill_s = time.perf_counter() - start
         if memory_only:
             return {"prompt_tokens": len(tokens), "memory_only": True, "flash_attn": False}
-        start = time.perf_counter()
-        for _ in range(run.decode_tokens):
-            last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-            llm.eval([int(np.argmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))])
-        decode_s = time.perf_counter() - start
+        decode_s = decode_greedy(llm, run.decode_tokens)
     finally:
         llm.close()
     return {
@@ -186,26 +188,15 @@ def _buffer_log() -> _BufferLog:
 def allocation(run: Run) -> dict[str, Any]:
     """llama.cpp's buffers for ``run`` when its context is made; nothing is read."""
     buffers = _buffer_log()
-    frame = run.decode_tokens + 128
     if run.config in ("default", "noflash"):
-        llm = reference_llama(
-            run.model,
-            n_ctx=run.length + frame,
-            n_batch=2048,
-            n_ubatch=512,
-            n_gpu_layers=run.gpu_layers,
-            flash_attn=run.config == "default",
-            swa_full=False,
-            verbose=False,
-        )
-        llm.close()
+        _llama_default(run, flash=run.config == "default").close()
     else:
         policy, budget = run.config.rsplit("-", 1)
         with (
             Engine(run.model, n_gpu_layers=run.gpu_layers) as engine,
             engine.session(policy, int(budget)) as session,
         ):
-            session.prepare(run.length + frame)
+            session.prepare(run.length + run.decode_tokens + FRAME)
     sizes = {k: round(v) for k, v in sorted(buffers.sizes.items())}
     logging.getLogger("kvtrim.llama").removeHandler(buffers)
     return {**asdict(run), "alloc_only": True, "llama_buffers": sizes}
@@ -216,7 +207,6 @@ def measure(run: Run) -> dict[str, Any]:
     buffers = _buffer_log()
     start = time.perf_counter()
     with MemoryRecorder(0.05, MemoryMonitor()) as rec:
-        on_gpu = rec.monitor.has_gpu  # read before the recorder closes the monitor
         if run.config in ("default", "noflash"):
             figures = _plain(run, flash=run.config == "default")
         else:
@@ -229,8 +219,8 @@ def measure(run: Run) -> dict[str, Any]:
         "wall_s": time.perf_counter() - start,
         "gpu": rec.samples[0].gpus[0].name if rec.samples[0].gpus else None,
         "gpu_note": mon.gpu_note,
-        "process_gpu_peak_bytes": mon.process_gpu_peak_bytes if on_gpu else None,
-        "device_peak_bytes": mon.gpu_peak_bytes if on_gpu else None,
+        "process_gpu_peak_bytes": mon.process_gpu_peak_bytes if mon.has_gpu else None,
+        "device_peak_bytes": mon.gpu_peak_bytes if mon.has_gpu else None,
         "rss_peak_bytes": mon.rss_peak_bytes,
         "llama_buffers": {k: round(v) for k, v in sorted(buffers.sizes.items())},
         "trace": _trace(rec.samples),

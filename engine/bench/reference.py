@@ -8,9 +8,19 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
+from llama_cpp import Llama
 
 from ..cpu import reference_llama
 from ..monitor import MemoryMonitor
+
+
+def decode_greedy(llm: Llama, n_tokens: int) -> float:
+    """Decode ``n_tokens`` greedily after what ``llm`` has read; seconds taken."""
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        llm.eval([int(np.argmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))])
+    return time.perf_counter() - start
 
 
 def plain_llama(
@@ -35,12 +45,7 @@ def plain_llama(
         llm.eval(tokens)
         prefill_s = time.perf_counter() - start
         monitor.sample()
-        start = time.perf_counter()
-        for _ in range(decode_tokens):
-            last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-            token = int(np.argmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))
-            llm.eval([token])
-        decode_s = time.perf_counter() - start
+        decode_s = decode_greedy(llm, decode_tokens)
         monitor.sample()
     finally:
         llm.close()
