@@ -230,3 +230,19 @@ def test_a_run_on_a_gpu_reports_gpu_memory_not_ram(monkeypatch):
     from engine.bench.gpu_report import table
 
     assert "GPU peak GiB" in table([record]) and "| 5.00 |" in table([record])
+
+
+def test_synth_model_refuses_bad_inputs_with_one_line(tmp_path, capsys):
+    """A vocabulary that is not a GGUF, or cut short, and an output that cannot be
+    written: a one-line error, no traceback and no half-written model left."""
+    bad, cut = tmp_path / "bad.gguf", tmp_path / "cut.gguf"
+    bad.write_bytes(b"not a model at all")
+    cut.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 8 + b"\xff" * 8)
+    for vocab in (bad, cut, tmp_path):
+        with pytest.raises(SystemExit):
+            synth.main(["llama-tiny", str(tmp_path / "x.gguf"), "--vocab", str(vocab)])
+        assert "cannot read a vocabulary" in capsys.readouterr().err
+    out = tmp_path / "missing" / "x.gguf"
+    with pytest.raises(SystemExit):
+        synth.main(["llama-tiny", str(out)])
+    assert "cannot write" in capsys.readouterr().err and not out.exists()

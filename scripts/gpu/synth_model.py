@@ -341,11 +341,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.what is None or a.out is None or (a.what != "vocab" and a.what not in SHAPES):
         p.error(f"give 'vocab' or one of {', '.join(SHAPES)}, and an output file")
     start = time.perf_counter()
-    vocab = Vocab.read(a.vocab or _default_vocab_source())
-    if a.what == "vocab":
-        size = write_vocab(a.out, vocab)
-    else:
-        size = write_model(a.what, a.out, vocab, a.seed)
+    try:
+        vocab = Vocab.read(a.vocab or _default_vocab_source())
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        p.error(f"cannot read a vocabulary from {a.vocab}: {exc}")
+    try:
+        if a.what == "vocab":
+            size = write_vocab(a.out, vocab)
+        else:
+            size = write_model(a.what, a.out, vocab, a.seed)
+    except OSError as exc:  # a missing folder, a full disk: no half-written model left
+        a.out.unlink(missing_ok=True)
+        p.error(f"cannot write {a.out}: {exc}")
     secs = time.perf_counter() - start
     print(f"{a.out}: {a.what}, {size / 1e9:.3f} GB in {secs:.1f} s")
     published = SHAPES[a.what].published_bytes if a.what in SHAPES else 0
