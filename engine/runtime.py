@@ -27,14 +27,17 @@ class Engine:
         repack: str | None = None,
         kv_type: str = "f16",
         swa_cache: str = "window",
+        batch_tokens: int = MAX_BATCH,
     ) -> None:
-        """``kv_type`` and ``swa_cache``: the defaults of every session (see
-        ``SessionConfig``)."""
-        SessionConfig(kv_type=kv_type, swa_cache=swa_cache)  # a bad value fails here
+        """``kv_type``, ``swa_cache`` and ``batch_tokens``: the defaults of every
+        session (see ``SessionConfig``)."""
+        # a bad value fails here
+        SessionConfig(kv_type=kv_type, swa_cache=swa_cache, batch_tokens=batch_tokens)
         self.model = Model(model_path, n_gpu_layers=n_gpu_layers, repack=repack)
         self.n_threads = n_threads
         self.kv_type = kv_type
         self.swa_cache = swa_cache
+        self.batch_tokens = batch_tokens
 
     @property
     def model_name(self) -> str:
@@ -50,7 +53,7 @@ class Engine:
         positions: str = "compact",
         flash_attn: str = "auto",
         max_position: int | None = None,
-        batch_tokens: int = MAX_BATCH,
+        batch_tokens: int | None = None,
         swa_cache: str | None = None,
         kv_type: str | None = None,
         whole_words: bool = True,
@@ -81,6 +84,7 @@ class Engine:
         *,
         swa_cache: str | None = None,
         kv_type: str | None = None,
+        batch_tokens: int | None = None,
         **options: Any,
     ) -> SessionConfig:
         """A session configuration with this engine's threads and cache defaults."""
@@ -89,6 +93,7 @@ class Engine:
             n_threads=self.n_threads,
             swa_cache=swa_cache or self.swa_cache,
             kv_type=kv_type or self.kv_type,
+            batch_tokens=self.batch_tokens if batch_tokens is None else batch_tokens,
             **options,
         )
 

@@ -10,12 +10,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from docs_for_tests import prose
+from margins import check
 
 from engine import Session
 from engine.cpu import reference_llama
 from engine.errors import ConfigError
 from engine.kvmemory import pad, swa_cells
 from engine.model import log as llama_log
+from engine.policies.base import KeepSet
 
 MiB = 2**20
 LAYER = 2 * 256 * 2  # K and V, 256 values each, f16: bytes per layer per cell
@@ -125,7 +127,9 @@ def test_a_short_document_holds_no_more_than_llama_cpp_would(engine):
     assert st.evictions == 0
     assert st.n_ctx == pad(st.tokens_seen) < 4096
     assert st.kv_bytes <= st.kv_bytes_llama_default
-    with engine.session("full", 4096) as s:
+    # SnapKV reads attention, so it runs without flash attention: so does the full
+    # cache here, or the two would differ by kernel, not by cache (issue 26)
+    with engine.session("full", 4096, flash_attn="off") as s:
         assert Session.collect(s.ask(doc, "Who found the lamp?", max_tokens=8)).text == r.text
 
 
@@ -152,7 +156,7 @@ def test_a_growing_cache_keeps_every_cell(engine):
         want = _teacher_forced(sized, parts)
     assert got.shape == want.shape
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
-    assert np.abs(got - want).max() < 1e-2
+    check("max abs logit difference, grown vs sized", np.abs(got - want).max(), "<", 1e-2)
 
 
 def test_a_pending_shift_survives_the_move(engine):
@@ -171,24 +175,137 @@ def test_a_pending_shift_survives_the_move(engine):
                 s._resize(s.ctx.n_ctx + 256)
             out.append(_teacher_forced(s, [cont]))
     assert np.array_equal(out[0].argmax(axis=1), out[1].argmax(axis=1))
-    assert np.abs(out[0] - out[1]).max() < 1e-2
+    check("max abs logit difference, moved vs not", np.abs(out[0] - out[1]).max(), "<", 1e-2)
 
 
-def test_quantized_k_survives_evictions_and_shifts(engine):
-    """q8_0 K with attention capture, evictions and compaction (RoPE re-applied to a
-    quantized K): the predictions stay close to the f16 cache's."""
-    tokens = engine.model.tokenize(prose(100, seed=11), add_bos=True)
-    cont = engine.model.tokenize(prose(8, seed=12))
-    preds = {}
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """Mean over rows of KL(p || q) between the softmaxes of two logit blocks (nats)."""
+    lp, lq = (x.astype(np.float64) - x.max(axis=1, keepdims=True) for x in (p_logits, q_logits))
+    lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+    lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
+    return float((np.exp(lp) * (lp - lq)).sum(axis=1).mean())
+
+
+def _agree(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of rows whose top-1 prediction is the same."""
+    return float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
+
+
+def _record_keeps(s: Session) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(held ids, kept ids) of each eviction ``s``'s policy makes from now on."""
+    choices: list[tuple[np.ndarray, np.ndarray]] = []
+    chosen = s.policy.keep
+
+    def keep(ids, budget, query=None, words=None):
+        got = chosen(ids, budget, query, words)
+        choices.append((ids.copy(), got.ids.copy()))
+        return got
+
+    s.policy.keep = keep  # type: ignore[method-assign]
+    return choices
+
+
+def _replay_keeps(s: Session, choices: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Make ``s`` evict exactly as recorded: same held tokens, same kept ids."""
+    queue = iter(choices)
+
+    def keep(ids, budget, query=None, words=None):
+        held, kept = next(queue)
+        assert np.array_equal(held, ids), "the replayed run holds other tokens"
+        return KeepSet(kept)
+
+    s.policy.keep = keep  # type: ignore[method-assign]
+
+
+def _shift_all(s: Session, delta: int) -> None:
+    """Move every held position by ``delta`` (``seq_shift``: llama.cpp re-applies
+    RoPE to each cell's K at the next decode). Relative positions do not change, so
+    exact arithmetic would predict exactly what it did before."""
+    c = s.cache
+    c.ctx.seq_shift(0, c.next_lpos, delta)
+    if c.cells is not None:
+        c.cells.shift(0, c.next_lpos, delta)
+    c.lpos = c.lpos + delta
+    c.next_lpos += delta
+    c.shift_pending = True
+
+
+QUANT_DOC, QUANT_CONT = (100, 11), (30, 12)  # prose(): 836 and 253 tokens
+SHIFT = 3000
+
+
+@pytest.fixture(scope="module")
+def unevicted(engine) -> dict[tuple[str, int], np.ndarray]:
+    """Teacher-forced logits of the continuation after the whole document, for f16
+    and q8_0 K, with positions as read (0) and all shifted by ``SHIFT``."""
+    tokens = engine.model.tokenize(prose(*QUANT_DOC), add_bos=True)
+    cont = engine.model.tokenize(prose(*QUANT_CONT))
+    out = {}
     for kv_type in ("f16", "q8_0"):
-        with engine.session("snapkv", 256, kv_type=kv_type, question_aware=False) as s:
-            list(s.feed(tokens, logits=False))
-            assert s.stats.evictions > 0 and s.stats.compactions > 0
-            preds[kv_type] = _teacher_forced(s, [cont]).argmax(axis=1)
-            if kv_type == "q8_0":
-                assert s.stats.kv_type == "q8_0/f16"
-    agree = (preds["f16"] == preds["q8_0"]).mean()
-    assert agree >= 0.85, agree
+        for delta in (0, SHIFT):
+            with engine.session("snapkv", 4096, kv_type=kv_type, question_aware=False) as s:
+                list(s.feed(tokens, logits=False))
+                assert s.stats.evictions == 0
+                if delta:
+                    _shift_all(s, delta)
+                out[kv_type, delta] = _teacher_forced(s, [cont])
+    return out
+
+
+def test_quantized_k_with_the_same_evictions_is_as_close_as_without(engine, unevicted):
+    """q8_0 K through SnapKV evictions and compactions (RoPE re-applied to a quantized
+    K), evicting exactly what the f16 run evicted: its predictions are as close to
+    the f16 cache's as q8_0 without any eviction.
+
+    Each run choosing its own keep set (as this test once did) measures how far two
+    keep sets drift from slightly different attention more than the K type: 0.79-0.87
+    top-1 agreement on two CPUs. With the same keep set, over threads 1/2, repacking
+    on/off and batch 256/512 on an AVX-512 EPYC and an AVX2 build (see
+    scripts/numeric_margins.py, BENCHMARKS.md): agreement 0.937-0.953 and mean KL
+    0.0060-0.0072 nats against 0.0068-0.0101 without eviction. The limits leave more
+    than 3x the measured spread."""
+    tokens = engine.model.tokenize(prose(*QUANT_DOC), add_bos=True)
+    cont = engine.model.tokenize(prose(*QUANT_CONT))
+    with engine.session("snapkv", 256, kv_type="f16", question_aware=False) as s:
+        choices = _record_keeps(s)
+        list(s.feed(tokens, logits=False))
+        f16 = _teacher_forced(s, [cont])
+    with engine.session("snapkv", 256, kv_type="q8_0", question_aware=False) as s:
+        _replay_keeps(s, choices)
+        list(s.feed(tokens, logits=False))
+        assert s.stats.kv_type == "q8_0/f16"
+        assert s.stats.evictions >= 8 and s.stats.compactions == s.stats.evictions
+        q8 = _teacher_forced(s, [cont])
+    quantized = _kl(unevicted["f16", 0], unevicted["q8_0", 0])
+    check("top-1 agreement, same evictions", _agree(f16, q8), ">=", 0.90)
+    check("KL nats, same evictions", _kl(f16, q8), "<=", 0.025)
+    check("KL same evictions / KL no eviction", _kl(f16, q8) / quantized, "<=", 2.0)
+
+
+def test_a_shifted_quantized_k_predicts_what_it_did_unshifted(unevicted):
+    """The direct check of shifting: every position moved by 3,000 (llama.cpp
+    de-quantizes q8_0 K, rotates it and quantizes it again), then the same
+    continuation. The change is smaller than the one q8_0 itself makes against f16.
+
+    Measured (threads 1/2, repacking on/off, batch 256/512, AVX-512 EPYC and an AVX2
+    build): KL 0.0051-0.0086 nats against 0.0068-0.0101 for q8_0 against f16, a ratio
+    of 0.75-0.85; f16 K shifted the same way: KL 0.0030-0.0042."""
+    q8_shift = _kl(unevicted["q8_0", 0], unevicted["q8_0", SHIFT])
+    quantized = _kl(unevicted["f16", 0], unevicted["q8_0", 0])
+    check("KL nats, q8_0 shifted / q8_0 against f16", q8_shift / quantized, "<=", 1.5)
+    check("KL nats, q8_0 K shifted by 3000", q8_shift, "<=", 0.03)
+    check(
+        "KL nats, f16 K shifted by 3000",
+        _kl(unevicted["f16", 0], unevicted["f16", SHIFT]),
+        "<=",
+        0.02,
+    )
+    check(
+        "top-1 agreement, q8_0 shifted",
+        _agree(unevicted["q8_0", 0], unevicted["q8_0", SHIFT]),
+        ">=",
+        0.90,
+    )
 
 
 def test_bad_kv_settings_are_refused(engine):
@@ -196,3 +313,20 @@ def test_bad_kv_settings_are_refused(engine):
         engine.session("snapkv", 256, kv_type="q2_k")
     with pytest.raises(ConfigError, match="swa_cache"):
         engine.session("snapkv", 256, swa_cache="half")
+
+
+def test_the_engine_batch_is_every_session_default(engine):
+    """``Engine(batch_tokens=...)`` sets the micro-batch of sessions that do not name
+    one (the numeric variants of scripts/numeric_margins.py use it)."""
+    old = engine.batch_tokens
+    try:
+        engine.batch_tokens = 256
+        with engine.session("full", 4096) as s:
+            s.prepare(1000)
+            assert s.config.batch_tokens == 256 and s.ctx.n_batch == 256
+        with engine.session("full", 4096, batch_tokens=128) as s:
+            assert s.config.batch_tokens == 128
+    finally:
+        engine.batch_tokens = old
+    with pytest.raises(ConfigError, match="batch"):
+        type(engine)(engine.model.info.path, batch_tokens=0)

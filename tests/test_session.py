@@ -13,6 +13,7 @@ from docs_for_tests import (
     passkey_key,
     prose,
 )
+from margins import check
 
 from engine import (
     POLICIES,
@@ -52,7 +53,7 @@ def test_passkey_question_aware_snapkv_beats_streaming(engine):
     snap = _passkey_hits(engine, "snapkv", 512)
     stream = _passkey_hits(engine, "streaming", 512)
     # measured: snapkv 5/5; streaming only the key in the recent window (depth 0.95)
-    assert sum(snap) >= 4, snap
+    check("snapkv keys found of 5 depths", sum(snap), ">=", 4)
     assert stream[:4] == [False] * 4, stream
     assert sum(snap) >= sum(stream) + 3
 
