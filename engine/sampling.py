@@ -88,3 +88,30 @@ class StopMatcher:
         out = self.text[self._sent :]
         self._sent = len(self.text)
         return out
+
+
+class LoopGuard:
+    """Whether an answer has fallen into a loop: its last tokens are one unit of 1-4
+    tokens repeated, 16 tokens of one token or 8 rounds of a longer unit.
+
+    Greedy decoding of a small model over a compressed cache can write one digit to
+    max tokens ("4831666666...", issue 27); no answer a user wants ends that way, and
+    16 repeats stay clear of real text (digits of a 16-digit number differ somewhere).
+    """
+
+    PERIODS = (1, 2, 3, 4)
+    ROUNDS = 8
+    MIN_SPAN = 16
+
+    def __init__(self) -> None:
+        self._tokens: list[int] = []
+
+    def __call__(self, token: int) -> bool:
+        """Add ``token``; True when the answer now ends in a loop."""
+        t = self._tokens
+        t.append(token)
+        for k in self.PERIODS:
+            span = max(self.MIN_SPAN, self.ROUNDS * k)
+            if len(t) >= span and all(t[-i] == t[-i - k] for i in range(1, span - k + 1)):
+                return True
+        return False

@@ -30,7 +30,7 @@ from .pool import Slot
 from .prompts import EXCERPT_GAP, Prompt, ask_prompt, follow_up_prompt, summary_prompt
 from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
-from .sampling import Sampler, Sampling, StopMatcher
+from .sampling import LoopGuard, Sampler, Sampling, StopMatcher
 from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
 from .trace import MemoryMap, TokenTrace
 
@@ -489,6 +489,7 @@ class Session:
             raise ConfigError("nothing to continue from: feed a prompt first")
         self._reserve(max_tokens)
         sample = Sampler(sampling)
+        looping = LoopGuard()
         matcher = StopMatcher(stops)
         stop_tags = set(stops)
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -522,6 +523,9 @@ class Session:
                 yield Token(token, text, self.stats)
                 if hit:
                     reason = "stop"
+                    break
+                if looping(token):
+                    reason = "repetition"
                     break
         finally:
             self.stats.decode_s = base + time.perf_counter() - start

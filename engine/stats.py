@@ -147,7 +147,8 @@ class Token:
 
 @dataclass(frozen=True)
 class Done:
-    """Generation ended: ``reason`` is ``stop``, ``length`` or ``eog``."""
+    """Generation ended: ``reason`` is ``stop``, ``length``, ``eog`` or ``repetition``
+    (the answer fell into a loop: ``sampling.LoopGuard``)."""
 
     text: str
     reason: str

@@ -168,3 +168,20 @@ def test_keep_returns_the_scores_that_chose():
     assert np.array_equal(kept.scored, ids) and len(kept.scores) == 40
     assert 10 in kept.ids and kept.scores[10] == kept.scores.max()
     assert policy.keep(ids, 64).scores is None  # everything fits: nothing scored
+
+
+def test_the_loop_guard_stops_runaway_answers_and_not_numbers():
+    from engine.sampling import LoopGuard
+
+    def first_stop(tokens: list[int]) -> int | None:
+        guard = LoopGuard()
+        return next((i for i, t in enumerate(tokens) if guard(t)), None)
+
+    digit = {str(d): 100 + d for d in range(10)}
+    runaway = [digit[c] for c in "4831" + "6" * 40]  # issue 27's answer
+    assert first_stop(runaway) == 4 + 16 - 1
+    assert first_stop([7, 8] * 30) == 15  # a two-token unit, 8 rounds
+    assert first_stop([1, 2, 3, 4] * 8) == 31
+    assert first_stop([digit[c] for c in "1000000000000000"]) is None  # 15 zeros
+    assert first_stop([digit[c] for c in "3141592653589793238462643383279"]) is None
+    assert first_stop(list(range(200))) is None

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..stats import KVStats
 
-FINISH = {"stop": "stop", "eog": "stop", "length": "length"}
+FINISH = {"stop": "stop", "eog": "stop", "repetition": "stop", "length": "length"}
 MAX_TOKENS = 32_768  # one answer at most; eviction would let it run for ever
 MAX_SEED = 2**64 - 1
 
