@@ -110,9 +110,11 @@ class KVCache:
         self.next_lpos = int(self.lpos[-1]) + 1 if len(self.lpos) else 0
         return int(later.sum())
 
-    def compact(self) -> None:
-        """Shift held positions down to 0..n-1, closing the holes (``seq_shift``)."""
-        target = np.arange(len(self.lpos), dtype=np.int64)
+    def compact(self, max_gap: int = 0) -> None:
+        """Shift held positions down, closing the holes (``seq_shift``): to 0..n-1, or
+        with ``max_gap`` > 0, shortening each hole to at most ``max_gap`` positions."""
+        steps = np.diff(self.lpos, prepend=self.lpos[:1])
+        target = np.cumsum(np.minimum(steps, max_gap + 1)) if len(steps) else steps
         for p0, p1 in _runs(self.lpos):
             i = int(np.searchsorted(self.lpos, p0))
             delta = int(target[i] - p0)
@@ -122,7 +124,7 @@ class KVCache:
                 if self.cells is not None:
                     self.cells.shift(p0, p1, delta)
         self.lpos = target
-        self.next_lpos = len(target)
+        self.next_lpos = int(target[-1]) + 1 if len(target) else 0
         self.compactions += 1
 
     def rebind(self, ctx: NativeContext) -> None:

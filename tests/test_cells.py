@@ -57,3 +57,43 @@ def test_ambiguous_mask_is_an_error_not_a_guess():
     vis = np.array([[True, True, False, False]])  # two new cells for one token
     with pytest.raises(EngineError, match="lost track"):
         m.learn(vis, [0])
+
+
+class _ShiftLog:
+    """A stand-in context that records ``seq_rm``/``seq_shift`` calls."""
+
+    n_cells = 64
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def seq_rm(self, p0: int, p1: int) -> None:
+        self.calls.append(("rm", p0, p1))
+
+    def seq_shift(self, p0: int, p1: int, delta: int) -> None:
+        self.calls.append(("shift", p0, p1, delta))
+
+
+@pytest.mark.parametrize(
+    ("max_gap", "want"),
+    [
+        (0, [0, 1, 2, 3, 4, 5]),  # compact: 0..n-1
+        (3, [0, 1, 5, 6, 10, 11]),  # holes of 9 and 5 shortened to 3
+        (100, [0, 1, 11, 12, 18, 19]),  # no hole is longer: nothing moves
+    ],
+)
+def test_compaction_shortens_holes_to_the_gap(max_gap, want):
+    from engine.kvcache import KVCache
+
+    ctx = _ShiftLog()
+    cache = KVCache(ctx, track_cells=False)  # type: ignore[arg-type]
+    cache.appended(20)
+    cache.keep_only(np.array([0, 1, 11, 12, 18, 19]))
+    ctx.calls.clear()
+    cache.compact(max_gap)
+    assert cache.lpos.tolist() == want
+    assert cache.next_lpos == want[-1] + 1
+    moved = [c for c in ctx.calls if c[0] == "shift"]
+    runs = [(0, 2), (11, 13), (18, 20)]
+    expected = [("shift", a, b, w - a) for (a, b), w in zip(runs, want[::2], strict=True)]
+    assert moved == [e for e in expected if e[3]]
