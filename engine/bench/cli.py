@@ -82,6 +82,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "OUT/multiturn.json and OUT/multiturn.md",
     )
     p.add_argument(
+        "--ruler",
+        action="store_true",
+        help="only the RULER-style suite (Hsieh et al. 2024): niah_single, niah_multikey, "
+        "niah_multivalue and variable_tracking in essay, noise and numbers haystacks of "
+        "4K-64K tokens at depths 0.1/0.4/0.7, the full cache (where the document fits the "
+        "trained context) against snapkv, h2o, tova and streaming at budgets 1024 and 4096 "
+        "with compact and original positions. The full grid reads about 100M prompt tokens: "
+        "days on 2 cores; with --quick (2K tokens, 12 answers) about a minute. --parts picks "
+        "tasks, --positions position modes; writes OUT/ruler.json, OUT/ruler.md and "
+        "OUT/ruler.png",
+    )
+    p.add_argument(
+        "--positions",
+        type=_csv,
+        default=None,
+        help="with --ruler: which of compact,original (default: both)",
+    )
+    p.add_argument(
         "--concurrency",
         action="store_true",
         help="only throughput against concurrency: the server with 1-8 clients, "
@@ -93,7 +111,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_csv,
         default=None,
         help="with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
-        "which of server,summarize,needles (default: all)",
+        "which of server,summarize,needles; with --ruler: which of niah_single,"
+        "niah_multikey,niah_multivalue,variable_tracking (default: all)",
     )
     p.add_argument(
         "--report-only",
@@ -257,6 +276,30 @@ def _multiturn_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def _ruler_config(args: argparse.Namespace) -> Any:
+    from . import ruler
+
+    cfg = ruler.RulerConfig.quick() if args.quick else ruler.RulerConfig()
+    if args.lengths is not None:
+        cfg.lengths = args.lengths
+    if args.trials is not None:
+        cfg.trials = args.trials
+    if args.seed is not None:
+        cfg.seed = args.seed
+    if args.parts is not None:
+        cfg.tasks = args.parts
+    if (args.policies, args.budgets, args.positions) != (None, None, None):
+        try:
+            budgets = [int(b) for b in args.budgets] if args.budgets else cfg.part(1)
+        except ValueError:
+            raise ConfigError("--budgets with --ruler takes token counts (1024,4096)") from None
+        cfg.settings = ruler.grid(
+            args.policies or cfg.part(0), budgets, args.positions or cfg.part(2)
+        )
+    cfg.check()
+    return cfg
+
+
 def _concurrency_config(args: argparse.Namespace) -> Any:
     from . import concurrency
 
@@ -301,6 +344,12 @@ def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
 
 
+def _ruler(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from . import ruler, ruler_report
+
+    return _part(args, out, err, "ruler", lambda: _ruler_config(args), ruler, ruler_report)
+
+
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
@@ -311,6 +360,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _multiturn(args, out, err)
     if args.concurrency:
         return _concurrency(args, out, err)
+    if args.ruler:
+        return _ruler(args, out, err)
     if args.report_only:
         import json
 

@@ -1,0 +1,214 @@
+"""Tables and a plot of ``kvtrim bench --ruler`` (see ruler.py): RULER-style scores
+(percent of the expected values found) by setting, length (tokens) and task."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..policies import keeps_all
+
+Key = tuple[str, Any, str]  # (policy, budget or None, positions)
+Record = dict[str, Any]
+
+
+def setting(r: Record) -> Key:
+    """The setting of a record; the full cache is one setting whatever its positions."""
+    if keeps_all(r["policy"]):
+        return ("full", None, "-")
+    return (r["policy"], r["budget"], r["positions"])
+
+
+def label(key: Key) -> str:
+    policy, budget, positions = key
+    return "full" if keeps_all(policy) else f"{policy} {budget} {positions}"
+
+
+def _order(key: Key) -> tuple[int, int, str, str]:
+    policy, budget, positions = key
+    return (0 if keeps_all(policy) else 1, budget or 0, policy, positions)
+
+
+def settings(records: list[Record]) -> list[Key]:
+    return sorted({setting(r) for r in records}, key=_order)
+
+
+def scored(records: list[Record]) -> list[Record]:
+    """The records with a score (an item kvtrim refused has an ``error`` instead)."""
+    return [r for r in records if r.get("error") is None and r.get("score") is not None]
+
+
+def means(records: list[Record], column: Callable[[Record], Any]) -> dict[tuple[Key, Any], float]:
+    """Mean score in percent per ``(setting, column(record))``."""
+    groups: dict[tuple[Key, Any], list[float]] = defaultdict(list)
+    for r in scored(records):
+        groups[(setting(r), column(r))].append(r["score"])
+    return {k: 100 * statistics.fmean(v) for k, v in groups.items()}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def table(records: list[Record], column: Callable[[Record], Any], heads: list[Any]) -> list[str]:
+    """A Markdown table: a row per setting, a column per value of ``column``."""
+    cells = means(records, column)
+    lines = [
+        "| setting | " + " | ".join(str(h) for h in heads) + " |",
+        "|---|" + "---|" * len(heads),
+    ]
+    for key in settings(records):
+        row = [_pct(cells.get((key, h))) for h in heads]
+        lines.append(f"| {label(key)} | " + " | ".join(row) + " |")
+    return lines
+
+
+def reference_length(records: list[Record]) -> int | None:
+    """The longest length (tokens) at which the full cache has a score."""
+    full = [r["length"] for r in scored(records) if keeps_all(r["policy"])]
+    return max(full) if full else None
+
+
+def _per_task(records: list[Record], length: int, title: str) -> list[str]:
+    at = [r for r in records if r["length"] == length]
+    tasks = list(dict.fromkeys(r["task"] for r in at))
+    return [
+        "",
+        f"## Per task at {length:,} tokens ({title})",
+        "",
+        *table(at, lambda r: r["task"], tasks),
+    ]
+
+
+def _runaways(records: list[Record]) -> list[str]:
+    lines = [
+        "| setting | items | runaway answers | stopped by the loop guard | errors |",
+        "|---|---|---|---|---|",
+    ]
+    for key in settings(records):
+        rs = [r for r in records if setting(r) == key]
+        runaway = sum(bool(r.get("runaway")) for r in rs)
+        guarded = sum(r.get("reason") == "repetition" for r in rs)
+        errors = sum(r.get("error") is not None for r in rs)
+        lines.append(f"| {label(key)} | {len(rs)} | {runaway} | {guarded} | {errors} |")
+    return lines
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The suite's own check: the full cache finds the single needle at every length
+    it runs (else the task, not the eviction, is at fault)."""
+    full = [
+        r
+        for r in scored(result["records"])
+        if keeps_all(r["policy"]) and r["task"] == "niah_single"
+    ]
+    if not full:
+        return []
+    found = sum(r["score"] for r in full)
+    lengths = ", ".join(f"{n:,}" for n in sorted({r["length"] for r in full}))
+    return [
+        (
+            f"full cache: niah_single found at every length it fits ({lengths} tokens)",
+            f"{found:.0f}/{len(full)}",
+            found == len(full),
+        )
+    ]
+
+
+def _intro(result: dict[str, Any]) -> list[str]:
+    cfg = result["config"]
+    sources = result.get("haystack_sources", {})
+    hays = "; ".join(f"`{h}`: {sources.get(h, '?')}" for h in cfg["haystacks"])
+    return [
+        "# RULER-style suite: needles and variable tracking",
+        "",
+        f"`{result['command']}` on {result['model']}, after RULER (Hsieh et al. 2024). "
+        f"Tasks: {', '.join(cfg['tasks'])}; depths {', '.join(str(d) for d in cfg['depths'])}; "
+        f"{cfg['trials']} trial(s); greedy answers of at most {cfg['max_tokens']} tokens. "
+        f"Haystacks: {hays}.",
+        "",
+        "Score: the fraction of the expected values found in the answer (RULER's string "
+        "match, case-insensitive), in percent, the mean over tasks, haystacks, depths and "
+        "trials. Columns are the requested document lengths in tokens. The full cache runs "
+        f"only where the document fits the trained context ({result.get('n_ctx_train', '?')} "
+        "tokens); items kvtrim refused (errors) are left out of the means.",
+    ]
+
+
+def markdown(result: dict[str, Any], plots: list[str]) -> str:
+    records = result["records"]
+    lengths = sorted({r["length"] for r in records})
+    lines = [*_intro(result), "", "## Accuracy by length", ""]
+    lines += table(records, lambda r: r["length"], lengths)
+    ref = reference_length(records)
+    if ref is not None:
+        lines += _per_task(records, ref, "the longest with a full-cache reference")
+    if lengths and lengths[-1] != ref:
+        lines += _per_task(records, lengths[-1], "the longest")
+    lines += ["", "## Runaway answers and errors", ""]
+    lines += [
+        "A runaway answer ran to the token limit repeating one piece to the end; the "
+        "loop guard (``sampling.LoopGuard``) stops an answer that falls into a loop.",
+        "",
+        *_runaways(records),
+    ]
+    lines += [f"\n![{name}]({name})" for name in plots]
+    found = targets(result)
+    if found:
+        lines += ["", "## Targets", ""]
+        lines += [
+            f"- {'met' if ok else 'MISSED'}: {name}: {measured}" for name, measured, ok in found
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
+    """Accuracy against length, a line per setting: ``ruler.png``."""
+    records = result["records"]
+    if not scored(records):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    cells = means(records, lambda r: r["length"])
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.get_cmap("tab10")
+    keys = settings(records)
+    pairs = list(dict.fromkeys((k[0], k[1]) for k in keys if not keeps_all(k[0])))
+    for key in keys:
+        points = sorted((n, v) for (k, n), v in cells.items() if k == key)
+        if keeps_all(key[0]):
+            style: dict[str, Any] = {"color": "k", "lw": 2.5}
+        else:  # a colour per policy and budget, dashed for original positions
+            style = {"color": colors(pairs.index((key[0], key[1])) % 10)}
+        dashes = "--" if key[2] == "original" else "-"
+        ax.plot(*zip(*points, strict=True), dashes, marker="o", ms=3, label=label(key), **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({n for _, n in cells}))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("score (% of expected values found)")
+    ax.set_title(f"RULER-style suite, {result['model']}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    name = "ruler.png"
+    fig.savefig(out_dir / name, dpi=110)
+    plt.close(fig)
+    return [name]
+
+
+def write(result: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = plot(result, out_dir)
+    path = out_dir / "ruler.md"
+    path.write_text(markdown(result, plots))
+    return path
