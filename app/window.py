@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine import DocumentError, Done, Evicted, Progress, Recalled, Token
-from engine.documents import load_document
+from engine.documents import SUFFIXES, load_document
 from engine.monitor import MemoryMonitor
 from engine.policies import label as policy_label
 from engine.sampling import Sampling
@@ -45,7 +45,9 @@ from .store import Message, Store
 from .theme import apply_theme
 from .worker import Job, WorkerThread
 
-DOCUMENT_TYPES = "Documents (*.txt *.md *.html *.htm *.pdf *.docx)"
+DOCUMENT_TYPES = (
+    f"Documents ({' '.join('*' + suffix for suffix in SUFFIXES)})"  # what the CLI reads
+)
 SAMPLE_MS = 500  # graphs and memory refresh at 2 Hz while the app is open
 REGENERATE_TEMPERATURE = 0.7
 

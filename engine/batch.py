@@ -178,8 +178,7 @@ def _summarize(
         session = settings.open(engine)
     else:
         n_tokens = len(engine.model.tokenize(text)) + settings.max_tokens + 64  # + the prompt
-        config = settings.config(engine)
-        session = pool.open(make_policy(settings.policy), config, n_tokens, label=path.name)
+        session = settings.open_in(engine, pool, n_tokens, label=path.name)
     with session:
         for event in settings.summarize(session, text):
             if on_event is not None:

@@ -173,3 +173,14 @@ def test_kv_graph_says_no_saving_when_the_cache_is_larger(qtbot):
     assert not g.samples
     g.add(_kv(0, 0))
     assert "no tokens read yet" in g.saving.text()
+
+
+def test_the_file_dialog_offers_every_type_the_cli_reads():
+    """One list of document types (issue 21): the app's dialog once lacked .markdown,
+    .rst, .csv and .log, which the CLI reads."""
+    from app.window import DOCUMENT_TYPES
+    from engine.documents import SUFFIXES
+
+    offered = DOCUMENT_TYPES[DOCUMENT_TYPES.index("(") + 1 : -1].split()
+    assert sorted(offered) == sorted(f"*{s}" for s in SUFFIXES)
+    assert {"*.markdown", "*.rst", "*.csv", "*.log"} <= set(offered)

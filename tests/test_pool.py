@@ -345,3 +345,31 @@ def test_closing_the_pool_first_leaves_open_sessions_safe(engine):
     with pytest.raises(Cancelled):
         s.collect(s.run_tokens(hello, [1], max_tokens=2))
     s.close()  # returns its id only: no llama.cpp call on the freed context
+
+
+def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
+    """A pooled summary opens its sequence with the request's policy settings (issue
+    21: ``batch._summarize`` once built the policy from its name alone)."""
+    from types import SimpleNamespace
+
+    from engine import batch
+    from engine.spec import RequestSpec
+
+    class _Stop(Exception):
+        pass
+
+    opened = []
+
+    class _Pool:
+        def open(self, policy, config, n_tokens, *, cancel=None, label=""):
+            opened.append(policy)
+            raise _Stop
+
+    model = SimpleNamespace(tokenize=lambda text: text.split())
+    engine = SimpleNamespace(model=model, config=lambda budget, **options: (budget, options))
+    doc = tmp_path / "a.txt"
+    doc.write_text("one two three four")
+    spec = RequestSpec(policy="h2o", policy_settings=(("recent_ratio", 0.25),))
+    with pytest.raises(_Stop):
+        batch._summarize(engine, doc, spec, None, pool=_Pool())  # type: ignore[arg-type]
+    assert opened[0].name == "h2o" and opened[0].recent_ratio == 0.25
