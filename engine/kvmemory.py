@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _ggml
+from .errors import ConfigError
 
 CACHE_PAD = 256  # llama.cpp allocates both caches in multiples of 256 cells
 LLAMA_UBATCH = 512  # llama.cpp's default n_ubatch
@@ -87,3 +88,75 @@ def layout(
         swa_cell_bytes=n_swa_layers * per_layer,
         n_swa=n_swa if n_swa_layers else 0,
     )
+
+
+def type_name(ggml_type: int) -> str:
+    return next(name for name, t in KV_TYPES.items() if t == ggml_type)
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """How a llama.cpp context holds KV, decided in one place for a lone session and
+    for a pool alike (``decide``). ``flash_attn`` None: llama.cpp chooses."""
+
+    flash_attn: bool | None
+    type_k: int
+    type_v: int
+    swa_full: bool
+    capture: bool  # attention is read (eval callback), which needs flash attention off
+
+    @classmethod
+    def decide(
+        cls,
+        *,
+        reads_attention: bool,
+        kv_type: str = "f16",
+        flash_attn: str = "auto",
+        swa_cache: str = "window",
+        window_layers_unknown: bool = False,
+        who: str = "this policy",
+    ) -> CacheSettings:
+        """Reading attention turns flash attention off; a quantized V needs flash
+        attention, so without it only K is quantized; a model with a sliding window
+        but no known window layers keeps every layer whole (``swa_full``)."""
+        if kv_type not in KV_TYPES:
+            raise ConfigError(f"kv_type must be one of {', '.join(KV_TYPES)}")
+        if swa_cache not in SWA_CACHES:
+            raise ConfigError(f"swa_cache must be one of {', '.join(SWA_CACHES)}")
+        flash = False if reads_attention else None
+        if flash_attn != "auto":
+            if reads_attention and flash_attn == "on":
+                raise ConfigError(f"{who} reads attention, which needs flash attention off")
+            flash = flash_attn == "on"
+        type_k = type_v = KV_TYPES[kv_type]
+        if kv_type != "f16":
+            if flash is None:
+                flash = True  # a quantized V cache needs flash attention
+            if not flash:
+                type_v = KV_TYPES["f16"]  # without flash attention only K is quantized
+        swa_full = swa_cache == "full" or window_layers_unknown
+        return cls(flash, type_k, type_v, swa_full, reads_attention)
+
+    def describe(self) -> str:
+        """``K q8_0, V f16, flash attention off, sliding-window layers windowed``."""
+        flash = {None: "auto", True: "on", False: "off"}[self.flash_attn]
+        swa = "whole" if self.swa_full else "windowed"
+        return (
+            f"K {type_name(self.type_k)}, V {type_name(self.type_v)}, flash attention "
+            f"{flash}, sliding-window layers {swa}"
+        )
+
+    def refusal(self, wanted: CacheSettings) -> str | None:
+        """Why a context held this way cannot run a session that ``wanted`` its own
+        settings (None: it can). Flash attention ``auto`` accepts either; a context
+        that reads attention also runs sessions that do not."""
+        flash_ok = wanted.flash_attn is None or wanted.flash_attn == self.flash_attn
+        same = (wanted.type_k, wanted.type_v, wanted.swa_full) == (
+            self.type_k,
+            self.type_v,
+            self.swa_full,
+        )
+        if same and flash_ok and (self.capture or not wanted.capture):
+            return None
+        need = wanted.describe() + (" with attention read" if wanted.capture else "")
+        return f"it needs {need}; the pool holds {self.describe()}"

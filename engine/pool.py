@@ -40,7 +40,7 @@ import numpy as np
 from ._context import NativeContext
 from .capture import AttentionCapture, Captured, Segment
 from .errors import CacheFullError, Cancelled, ConfigError, ContextOverflowError, EngineError
-from .kvmemory import KV_TYPES, pad
+from .kvmemory import CacheSettings, pad
 from .model import Model
 from .policies import Policy
 from .stats import KVStats
@@ -175,9 +175,9 @@ class KVPool:
         max_seqs: int,
         n_threads: int,
         reads_attention: bool = True,
-        flash_attn: bool | None = None,
+        flash_attn: str = "auto",
         kv_type: str = "f16",
-        swa_full: bool = False,
+        swa_cache: str = "window",
         n_batch: int = 512,
         share: str = "length",
         gather_s: float = 0.03,
@@ -199,10 +199,16 @@ class KVPool:
             if not model.info.global_layers:
                 raise ConfigError(f"kvtrim cannot read attention on {model.info.arch}")
             capture = AttentionCapture(model.info.global_layers)
-            flash_attn = False
-        type_k = type_v = KV_TYPES[kv_type]
-        if kv_type != "f16" and not flash_attn:
-            type_v = KV_TYPES["f16"]  # without flash attention only K is quantized
+        info = model.info
+        # decided as for a lone session, so a request gets the same cache either way
+        self.cache = cache = CacheSettings.decide(
+            reads_attention=reads_attention,
+            kv_type=kv_type,
+            flash_attn=flash_attn,
+            swa_cache=swa_cache,
+            window_layers_unknown=info.n_swa > 0 and not info.n_swa_layers,
+            who="a pool that reads attention",
+        )
         self.model = model
         self.cells = cells
         self.max_seqs = max_seqs
@@ -218,15 +224,15 @@ class KVPool:
             n_batch=n_batch,
             n_threads=n_threads,
             capture=capture,
-            flash_attn=flash_attn,
-            swa_full=swa_full,
-            type_k=type_k,
-            type_v=type_v,
+            flash_attn=cache.flash_attn,
+            swa_full=cache.swa_full,
+            type_k=cache.type_k,
+            type_v=cache.type_v,
             n_seq_max=max_seqs,
             kv_unified=layout == "shared",
         )
         self.stream_cells = self.ctx.n_ctx_seq  # a sequence's cells at most
-        self.kv_layout = model.info.kv_layout(type_k, type_v)
+        self.kv_layout = model.info.kv_layout(cache.type_k, cache.type_v)
         self._cond = threading.Condition()
         self._ctx_lock = threading.Lock()  # llama.cpp's context is not thread-safe
         self._cpu = threading.Lock()  # a decode or one session's CPU work, not both

@@ -23,7 +23,7 @@ from ._context import NativeContext
 from .capture import AttentionCapture, Captured, Segment
 from .errors import Cancelled, ConfigError, ContextOverflowError
 from .kvcache import KVCache
-from .kvmemory import KV_TYPES, SWA_CACHES, pad
+from .kvmemory import KV_TYPES, SWA_CACHES, CacheSettings, pad, type_name
 from .model import Model
 from .policies import Observation, Policy
 from .pool import Slot
@@ -154,25 +154,24 @@ class Session:
                 f"budget + chunk ({self.n_ctx_max}) must be below {self.max_position}"
             )
         room = chunk if policy.evicts else self.n_ctx_max
-        flash = False if self.reads_attention else None
-        if config.flash_attn != "auto":
-            if self.reads_attention and config.flash_attn == "on":
-                raise ConfigError(f"{policy.name} reads attention, which needs flash attention off")
-            flash = config.flash_attn == "on"
-        type_k = type_v = KV_TYPES[config.kv_type]
-        if config.kv_type != "f16":
-            if flash is None:
-                flash = True  # a quantized V cache needs flash attention
-            if not flash:
-                type_v = KV_TYPES["f16"]  # without flash attention only K is quantized
         info = model.info
+        cache = CacheSettings.decide(
+            reads_attention=self.reads_attention,
+            kv_type=config.kv_type,
+            flash_attn=config.flash_attn,
+            swa_cache=config.swa_cache,
+            window_layers_unknown=info.n_swa > 0 and not info.n_swa_layers,
+            who=policy.name,
+        )
         n_batch = min(room, config.batch_tokens)
         # the cache grows with the text up to n_ctx_max (see _reserve): a short
         # document never holds more cells than llama.cpp would give it
         self.ctx: NativeContext | Slot
         if slot is not None:
-            self.ctx = slot
-            type_k, type_v = slot.pool.ctx.settings["type_k"], slot.pool.ctx.settings["type_v"]
+            why = slot.pool.cache.refusal(cache)
+            if why is not None:
+                raise ConfigError(f"this request cannot run in the shared KV pool: {why}")
+            self.ctx, cache = slot, slot.pool.cache
         else:
             capture = AttentionCapture(info.global_layers) if self.reads_attention else None
             self.ctx = NativeContext(
@@ -181,13 +180,14 @@ class Session:
                 n_batch=n_batch,
                 n_threads=config.n_threads or default_threads(),
                 capture=capture,
-                flash_attn=flash,
-                swa_full=config.swa_cache == "full" or (info.n_swa > 0 and not info.n_swa_layers),
-                type_k=type_k,
-                type_v=type_v,
+                flash_attn=cache.flash_attn,
+                swa_full=cache.swa_full,
+                type_k=cache.type_k,
+                type_v=cache.type_v,
             )
+        type_k, type_v = cache.type_k, cache.type_v
         self.kv_layout = info.kv_layout(type_k, type_v)
-        self.kv_type_v = next(name for name, t in KV_TYPES.items() if t == type_v)
+        self.kv_type_v = type_name(type_v)
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.stats = self._new_stats()
         self.trace = self._new_trace()

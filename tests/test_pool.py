@@ -16,7 +16,7 @@ import pytest
 from docs_for_tests import prose
 from margins import check
 
-from engine.errors import Cancelled, ContextOverflowError, EngineError
+from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
 from engine.model import log as llama_log
 from engine.policies import make_policy
 from engine.pool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
@@ -373,3 +373,46 @@ def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
     with pytest.raises(_Stop):
         batch._summarize(engine, doc, spec, None, pool=_Pool())  # type: ignore[arg-type]
     assert opened[0].name == "h2o" and opened[0].recent_ratio == 0.25
+
+
+def test_cache_settings_are_decided_once():
+    from engine.kvmemory import KV_TYPES, CacheSettings
+
+    q8, f16 = KV_TYPES["q8_0"], KV_TYPES["f16"]
+    plain = CacheSettings.decide(reads_attention=False, kv_type="q8_0")
+    assert (plain.flash_attn, plain.type_k, plain.type_v) == (True, q8, q8)
+    reads = CacheSettings.decide(reads_attention=True, kv_type="q8_0")
+    assert (reads.flash_attn, reads.type_k, reads.type_v) == (False, q8, f16)
+    assert CacheSettings.decide(reads_attention=False, window_layers_unknown=True).swa_full
+    with pytest.raises(ConfigError, match="needs flash attention off"):
+        CacheSettings.decide(reads_attention=True, flash_attn="on")
+    # a pool that reads attention runs sessions that do not, unless their cache differs
+    pool = CacheSettings.decide(reads_attention=True)
+    assert pool.refusal(CacheSettings.decide(reads_attention=False)) is None
+    assert "V q8_0" in pool.refusal(plain).split(";")[0]
+    assert "whole" in pool.refusal(CacheSettings.decide(reads_attention=False, swa_cache="full"))
+    assert "attention read" in CacheSettings.decide(reads_attention=False).refusal(pool)
+
+
+def test_a_pooled_request_gets_the_cache_a_lone_session_gets(engine):
+    """Issue 21: for a policy that reads no attention with q8_0 and flash attention
+    auto, a lone session quantized V (flash attention on) while the pool kept V at
+    f16; and a pool silently ran a request whose cache it could not hold."""
+    from engine.batch import make_pool
+    from engine.spec import RequestSpec
+
+    spec = RequestSpec(policy="streaming", budget_tokens=512, kv_type="q8_0")
+    with spec.open(engine) as alone:
+        assert alone.stats.kv_type == "q8_0"
+        with make_pool(engine, spec, 2) as pool, spec.open_in(engine, pool, 600) as pooled:
+            assert pooled.stats.kv_type == alone.stats.kv_type == "q8_0"  # V quantized too
+            assert pool.cache.type_v == pool.cache.type_k
+            assert pooled.kv_layout == alone.kv_layout
+    reading = RequestSpec(policy="snapkv", budget_tokens=512, kv_type="q8_0")
+    with make_pool(engine, reading, 2) as pool:
+        with pytest.raises(
+            ConfigError, match="cannot run in the shared KV pool: it needs K q8_0, V q8_0"
+        ):
+            spec.open_in(engine, pool, 600)
+        with reading.open_in(engine, pool, 600) as s:
+            assert s.stats.kv_type == "q8_0/f16"

@@ -84,7 +84,7 @@ class EngineRunner:
                 n_threads=engine.n_threads or default_threads(),
                 reads_attention=bool(engine.model.info.global_layers),
                 kv_type=engine.kv_type,
-                swa_full=engine.swa_cache == "full",
+                swa_cache=engine.swa_cache,
                 share=share,
                 layout=layout,
             )
