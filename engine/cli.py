@@ -32,7 +32,7 @@ from .monitor import MemoryMonitor
 from .policies import POLICIES, help_lines, make_policy
 from .runtime import Engine
 from .serve import cli as serve_cli
-from .session import MIN_CHUNK, Session
+from .session import MIN_CHUNK, POSITION_MODES, Session
 from .spec import RequestSpec
 from .stats import Done, Evicted, Progress, Token
 
@@ -119,10 +119,11 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
     p.add_argument(
         "--positions",
-        choices=["compact", "original"],
+        choices=list(POSITION_MODES),
         default="compact",
-        help="renumber kept tokens after eviction (compact, default) or keep the "
-        "positions they were read at (original, as in the papers)",
+        help="renumber kept tokens after eviction (compact, default), keep the "
+        "positions they were read at (original, as in the papers), or shorten each "
+        "hole to a few positions (bounded)",
     )
     p.add_argument(
         "--flash-attn",

@@ -36,11 +36,13 @@ from .trace import MemoryMap, TokenTrace
 
 MIN_CHUNK = 16
 MAX_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch)
-POSITION_MODES = ("compact", "original")
+POSITION_MODES = ("compact", "original", "bounded")
 """After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
 as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
 positions the tokens were read at (the H2O/SnapKV papers) and compacts only
-before passing the trained context."""
+before passing the trained context; ``bounded`` shortens each hole an eviction
+leaves to at most ``BOUNDED_GAP`` positions, so distances stay ordered but small."""
+BOUNDED_GAP = 16  # positions a hole keeps in ``bounded`` mode
 
 
 @dataclass(frozen=True)
@@ -454,6 +456,13 @@ class Session:
         finally:
             self.stats.prefill_s = base + time.perf_counter() - start
 
+    def _close_holes(self) -> None:
+        """Renumber positions after tokens left the cache, as ``positions`` says."""
+        if self.config.positions == "compact":
+            self.cache.compact()
+        elif self.config.positions == "bounded":
+            self.cache.compact(BOUNDED_GAP)
+
     def _limits(self, reserve: int) -> tuple[int, int]:
         """Cells the text may fill with a ``reserve``-token question beside it (the
         question only needs physical cells), and how many an eviction keeps: the
@@ -640,8 +649,7 @@ class Session:
         if not held.any():
             return
         self.cache.keep_only(self.cache.ids[~held], evicted=False)  # a copy, not the text
-        if self.config.positions == "compact":
-            self.cache.compact()
+        self._close_holes()
         self._sync_stats()
 
     def _recall_room(self, n_turn: int, max_tokens: int) -> int:
@@ -815,8 +823,7 @@ class Session:
             if keep.scores is not None and keep.scored is not None:
                 self.trace.score(keep.scored, keep.scores)
         removed = self.cache.keep_only(keep.ids)
-        if self.config.positions == "compact":
-            self.cache.compact()
+        self._close_holes()
         self.stats.score_s += time.perf_counter() - start
         self.stats.evictions += 1
         self._sync_stats()

@@ -214,7 +214,7 @@ def test_repeats_to_the_end(text, runaway):
 def test_the_default_grid():
     cfg = ruler.RulerConfig()
     assert cfg.settings[0] == ("full", None, "original")
-    assert len(cfg.settings) == 1 + 4 * 2 * 2
+    assert len(cfg.settings) == 1 + 4 * 2 * 3  # policies x budgets x position modes
     assert ("streaming", 4096, "original") in cfg.settings
     assert len(cfg.documents()) == 4 * 3 * 6 * 3
     assert [d[0] for d in cfg.documents()] == sorted(d[0] for d in cfg.documents())

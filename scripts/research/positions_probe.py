@@ -5,7 +5,7 @@ A release-notes haystack (dense with version numbers and bug ids) with one plant
 sentence ("Site note: the vault combination is 58316.") at 40% of its length is read
 with SnapKV at a fixed budget, once per position mode, and the right answer is
 teacher-forced after the answer prefix. Modes: ``compact``, ``original`` and
-``gapN`` (compaction that shortens each hole to at most N positions). For every
+``gapN`` (``bounded`` with each hole shortened to at most N positions). For every
 answer token it records the log probability margin (nats) of the right token over the
 best other one: positive means greedy decoding writes it. The full cache (where the
 document fits the trained context) is the reference.
@@ -18,7 +18,6 @@ Prints one JSON line per run. Run it alone (llama.cpp's threads spin).
 from __future__ import annotations
 
 import argparse
-import functools
 import gzip
 import json
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import Engine, Session
+from engine import session as session_module
 from engine.prompts import ask_prompt
 from engine.sampling import Sampling
 
@@ -78,10 +78,9 @@ def probe(engine: Engine, doc: str, policy: str, budget: int, positions: str) ->
     tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
     answer = model.tokenize(ANSWER)
     start = time.perf_counter()
-    gap = int(positions[3:]) if positions.startswith("gap") else 0
-    with engine.session(policy, budget, positions="compact" if gap else positions) as s:
-        if gap:  # compaction that shortens each hole to at most ``gap`` positions
-            s.cache.compact = functools.partial(s.cache.compact, max_gap=gap)  # type: ignore[method-assign]
+    if positions.startswith("gap"):  # bounded mode with this gap
+        session_module.BOUNDED_GAP, positions = int(positions[3:]), "bounded"
+    with engine.session(policy, budget, positions=positions) as s:
         for _ in s.run_tokens(head, tail, max_tokens=0):
             pass
         first, first_id = s._logits.copy(), s.cache.next_id
