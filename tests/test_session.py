@@ -134,10 +134,11 @@ def test_budget_too_small_for_question_is_a_config_error(engine):
         engine.session("snapkv", 8)
 
 
-def test_original_positions_compact_before_the_trained_context(engine):
-    with engine.session(
-        "snapkv", 128, chunk_tokens=64, positions="original", max_position=512
-    ) as s:
+@pytest.mark.parametrize("positions", ["original", "bounded"])
+def test_positions_never_pass_the_trained_context(engine, positions):
+    """A document longer than the trained context (here set to 512) is read with
+    positions below it: kept positions are compacted before they would pass it."""
+    with engine.session("snapkv", 128, chunk_tokens=64, positions=positions, max_position=512) as s:
         result = Session.collect(
             s.ask(prose(200, seed=4), "Who repaired the bicycle?", max_tokens=8)
         )
