@@ -446,3 +446,18 @@ def test_real_ruler_quick(tmp_path):
     assert full and all(r["score"] == 1.0 for r in full), [r["answer"] for r in full]
     for r in records:
         assert r["haystack_source"] and r["length_tokens"] > 1900 and r["kv_bytes"] > 0
+
+
+def test_ruler_parts_name_tasks_and_haystacks_and_depths_count():
+    import argparse
+
+    from engine.bench import cli as bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["bench", "--ruler", "--parts", "niah_single,numbers", "--depths", "2"]
+    )
+    cfg = bench_cli._ruler_config(args)
+    assert cfg.tasks == ["niah_single"] and cfg.haystacks == ["numbers"]
+    assert cfg.depths == [0.25, 0.75]

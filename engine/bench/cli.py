@@ -111,8 +111,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_csv,
         default=None,
         help="with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
-        "which of server,summarize,needles; with --ruler: which of niah_single,"
-        "niah_multikey,niah_multivalue,variable_tracking (default: all)",
+        "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
+        "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
+        "numbers (default: all)",
     )
     p.add_argument(
         "--report-only",
@@ -286,8 +287,12 @@ def _ruler_config(args: argparse.Namespace) -> Any:
         cfg.trials = args.trials
     if args.seed is not None:
         cfg.seed = args.seed
-    if args.parts is not None:
-        cfg.tasks = args.parts
+    if args.parts is not None:  # task and haystack names
+        tasks = [p for p in args.parts if p not in ruler.HAYSTACKS]
+        cfg.tasks = tasks or cfg.tasks
+        cfg.haystacks = [p for p in args.parts if p in ruler.HAYSTACKS] or cfg.haystacks
+    if args.depths is not None:  # how many, evenly spread
+        cfg.depths = [round((i + 0.5) / args.depths, 3) for i in range(args.depths)]
     if (args.policies, args.budgets, args.positions) != (None, None, None):
         try:
             budgets = [int(b) for b in args.budgets] if args.budgets else cfg.part(1)
