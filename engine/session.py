@@ -42,7 +42,7 @@ as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
 positions the tokens were read at (the H2O/SnapKV papers) and compacts only
 before passing the trained context; ``bounded`` shortens each hole an eviction
 leaves to at most ``BOUNDED_GAP`` positions, so distances stay ordered but small."""
-BOUNDED_GAP = 16  # positions a hole keeps in ``bounded`` mode
+BOUNDED_GAP = 64  # positions a hole keeps in ``bounded`` mode (positions_probe.py: 16 and 64)
 
 
 @dataclass(frozen=True)
