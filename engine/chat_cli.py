@@ -89,6 +89,8 @@ def parse_line(line: str) -> tuple[str | None, str | None]:
         item = json.loads(line)
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:  # '[' * 100000: the parser's stack, not a traceback (issue 23)
+        raise ValueError("not JSON: nested too deeply") from None
     if not isinstance(item, dict):
         raise ValueError("a line must be a JSON object")
     unknown = sorted(set(item) - set(LINE_KEYS))

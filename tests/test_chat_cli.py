@@ -114,6 +114,7 @@ def test_follow_up_after_eviction_brings_back_the_planted_fact(tmp_path):
         ('{"question": "  "}', "non-empty"),
         ('{"question": "Why?", "answer_prefix": 3}', "string"),
         ('{"question": "Why?", "b": 1, "a": 2}', "unknown key 'a', 'b'"),
+        ("[" * 100_000, "nested too deeply"),  # issue 23: a RecursionError traceback
     ],
 )
 def test_bad_script_lines_say_what_is_wrong(line, message):

@@ -241,6 +241,18 @@ def test_out_of_range_and_wrong_type_fields(raw, param):
         (ChatRequest, '{"messages": "hi"}', "messages"),
         (ChatRequest, '{"messages": [{"role": "tool", "content": "x"}]}', "messages"),
         (ChatRequest, '{"messages": [{"role": "user", "content": 5}]}', "messages"),
+        # issue 23: a text part whose text is no string was a bare 500
+        (
+            ChatRequest,
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]}',
+            "messages",
+        ),
+        (
+            ChatRequest,
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": [["x"]]}]}]}',
+            "messages",
+        ),
+        (ChatRequest, '{"messages": [{"role": "user", "content": ["just text"]}]}', "messages"),
     ],
 )
 def test_missing_and_malformed_fields_name_the_field(model, raw, param):

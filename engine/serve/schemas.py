@@ -54,18 +54,28 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content: text parts are read, others (images) skipped;
+    a text part's ``text`` must be a string (a nested object was a 500, issue 23)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return "".join(part.text or "" for part in self.content if part.type == "text")
 
 
 class ChatRequest(_Sampling):
