@@ -13,6 +13,7 @@ from docs_for_tests import prose
 from margins import check
 
 from engine import Session
+from engine.bench.tasks import log_softmax
 from engine.cpu import reference_llama
 from engine.errors import ConfigError
 from engine.kvmemory import pad, swa_cells
@@ -180,9 +181,7 @@ def test_a_pending_shift_survives_the_move(engine):
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     """Mean over rows of KL(p || q) between the softmaxes of two logit blocks (nats)."""
-    lp, lq = (x.astype(np.float64) - x.max(axis=1, keepdims=True) for x in (p_logits, q_logits))
-    lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
-    lq -= np.log(np.exp(lq).sum(axis=1, keepdims=True))
+    lp, lq = (log_softmax(x.astype(np.float64)) for x in (p_logits, q_logits))
     return float((np.exp(lp) * (lp - lq)).sum(axis=1).mean())
 
 

@@ -143,7 +143,8 @@ def passkey(
     }
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of each row of ``logits`` (rows, vocabulary)."""
     z = logits - logits.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
@@ -165,7 +166,7 @@ def continuation_logprobs(
         for _ in s.feed(doc, logits=False):
             pass
         for block in s.teacher_force(cont):
-            blocks.append(_log_softmax(block))
+            blocks.append(log_softmax(block))
         stats = s.stats
     return np.concatenate(blocks), stats, time.perf_counter() - start
 

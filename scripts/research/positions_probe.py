@@ -27,6 +27,7 @@ import numpy as np
 
 from engine import Engine, Session
 from engine import session as session_module
+from engine.bench.tasks import log_softmax
 from engine.prompts import ask_prompt
 from engine.sampling import Sampling
 
@@ -62,11 +63,8 @@ def document(engine: Engine, n_tokens: int, depth: float = 0.4) -> str:
 def margins(logits: np.ndarray, answer: list[int]) -> list[float]:
     """Log-probability margin of each right token over the best other one."""
     out = []
-    for row, tok in zip(logits, answer, strict=True):
-        z = row.astype(np.float64)
-        lp = z - z.max() - np.log(np.exp(z - z.max()).sum())
-        other = np.delete(lp, tok).max()
-        out.append(float(lp[tok] - other))
+    for lp, tok in zip(log_softmax(logits.astype(np.float64)), answer, strict=True):
+        out.append(float(lp[tok] - np.delete(lp, tok).max()))
     return out
 
 
