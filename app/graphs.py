@@ -16,7 +16,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from engine.monitor import MemorySample
+from engine.native.monitor import MemorySample
 from engine.stats import KVStats
 
 _MB = 2**20

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from engine import crashlog
-from engine.crashlog import CrashReport
+from engine.native.crashlog import CrashReport
 
 
 def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
@@ -40,7 +40,7 @@ def self_test(argv: Sequence[str] = ()) -> int:
     import os
     from pathlib import Path
 
-    from engine.selftest import main as engine_self_test
+    from engine.cli.selftest import main as engine_self_test
 
     parser = argparse.ArgumentParser(prog="kvtrim --self-test")
     parser.add_argument("--model", type=Path, help="a GGUF file (default: the bundled model)")
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = crashlog.take_last_crash()
         if report is not None:
             sys.stderr.write(f"kvtrim: note: {report.message()}\n")
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
 
     return cli_main(args)
 

@@ -27,7 +27,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
-from engine.trace import (
+from engine.session.trace import (
     EVICTED,
     HEADING,
     KEPT_ROLES,

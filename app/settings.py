@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.batch import write_atomic
-from engine.kvmemory import KV_TYPES
+from engine.native.kvmemory import KV_TYPES
 from engine.policies import POLICIES
+from engine.runtime.batch import write_atomic
 
 SCHEMA_VERSION = 1
 

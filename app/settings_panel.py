@@ -32,8 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.finder import FoundModel, find_models, format_size
-from engine.kvmemory import KV_TYPES
+from engine.native.finder import FoundModel, find_models, format_size
+from engine.native.kvmemory import KV_TYPES
 from engine.policies import H2O, POLICIES
 
 from .settings import Settings

@@ -28,12 +28,12 @@ from PySide6.QtWidgets import (
 )
 
 from engine import DocumentError, Done, Evicted, Progress, Recalled, Token
-from engine.documents import SUFFIXES, load_document
-from engine.monitor import MemoryMonitor
+from engine.documents.load import SUFFIXES, load_document
+from engine.native.monitor import MemoryMonitor
 from engine.policies import label as policy_label
-from engine.sampling import Sampling
-from engine.spec import RequestSpec
-from engine.trace import MemoryMap
+from engine.runtime.spec import RequestSpec
+from engine.session.sampling import Sampling
+from engine.session.trace import MemoryMap
 
 from .chat import ChatView, MessageInput
 from .graphs import MemoryGraphs

@@ -17,7 +17,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine import Cancelled, Done, Engine, KvtrimError, Session, Token
-from engine.spec import RequestSpec
+from engine.runtime.spec import RequestSpec
 from engine.stats import Event
 
 MAP_EVERY_S = 0.5  # memory maps while a job runs: twice a second, and at the end

@@ -15,12 +15,12 @@ from .errors import (
     ModelError,
     OutOfMemoryError,
 )
-from .model import Model, ModelInfo, default_model_path
+from .native.model import Model, ModelInfo, default_model_path
 from .policies import H2O, POLICIES, TOVA, Full, Policy, SnapKV, StreamingLLM, make_policy
-from .prompts import Prompt, ask_prompt, chat_prompt, summary_prompt
-from .runtime import Engine
-from .sampling import Sampling
-from .session import Session, SessionConfig
+from .runtime.engine import Engine
+from .session.core import Session, SessionConfig
+from .session.prompts import Prompt, ask_prompt, chat_prompt, summary_prompt
+from .session.sampling import Sampling
 from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
 
 __all__ = [

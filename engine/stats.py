@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .kvmemory import KVLayout
+from .native.kvmemory import KVLayout
 
 
 @dataclass

@@ -25,7 +25,7 @@ rm -rf ".variants/$name/lib"
 mkdir -p ".variants/$name"
 cp -r "$tmp/llama_cpp/lib" ".variants/$name/lib"
 info=$(LLAMA_CPP_LIB_PATH=".variants/$name/lib" .venv/bin/python -c \
-  "from engine.cpu import system_info; print(system_info().splitlines()[-1])")
+  "from engine.native.cpu import system_info; print(system_info().splitlines()[-1])")
 echo "$info"
 if [ "$name" = avx2 ] && grep -q "AVX512 = 1" <<<"$info"; then
   echo "the build still uses AVX-512: CMAKE_ARGS did not reach it" >&2

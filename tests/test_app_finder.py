@@ -14,7 +14,7 @@ from app.settings_panel import SettingsPanel
 from app.store import Store
 from app.window import MainWindow
 from app.worker import WorkerThread
-from engine.finder import FoundModel
+from engine.native.finder import FoundModel
 
 
 class Loads:

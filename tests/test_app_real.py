@@ -98,7 +98,7 @@ def test_real_model_drop_summary_then_details_brought_back(qtbot, tmp_path):
     summary's compression evicted; the follow-up brings it back and shows that."""
     from engine import Engine
     from engine.bench import multiturn
-    from engine.trace import RECALLED
+    from engine.session.trace import RECALLED
 
     facts = multiturn.facts_for(3)
     with Engine() as eng:

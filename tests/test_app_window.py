@@ -179,7 +179,7 @@ def test_the_file_dialog_offers_every_type_the_cli_reads():
     """One list of document types (issue 21): the app's dialog once lacked .markdown,
     .rst, .csv and .log, which the CLI reads."""
     from app.window import DOCUMENT_TYPES
-    from engine.documents import SUFFIXES
+    from engine.documents.load import SUFFIXES
 
     offered = DOCUMENT_TYPES[DOCUMENT_TYPES.index("(") + 1 : -1].split()
     assert sorted(offered) == sorted(f"*{s}" for s in SUFFIXES)

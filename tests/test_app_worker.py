@@ -11,7 +11,7 @@ import pytest
 
 from app.worker import Job, WorkerThread
 from engine import Cancelled, Done, KVStats, ModelError, Progress, Token
-from engine.spec import RequestSpec
+from engine.runtime.spec import RequestSpec
 
 
 def _stats() -> KVStats:

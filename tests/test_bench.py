@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.bench import report
-from engine.cli import main
+from engine.cli.main import main
 
 
 @pytest.fixture(scope="module")

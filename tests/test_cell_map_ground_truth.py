@@ -15,7 +15,7 @@ import pytest
 from docs_for_tests import prose
 
 from engine import Evicted
-from engine.model import log as llama_log
+from engine.native.model import log as llama_log
 
 HEADER = re.compile(r"find_slot: stream\[0\], n = .*n_swa = +(\d+)")
 

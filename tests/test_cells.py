@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import EngineError
-from engine.cells import CellMap
+from engine.kv.cells import CellMap
 
 
 def _visibility(cell_pos: dict[int, int], batch: list[tuple[int, int]], n_kv: int) -> np.ndarray:
@@ -83,7 +83,7 @@ class _ShiftLog:
     ],
 )
 def test_compaction_shortens_holes_to_the_gap(max_gap, want):
-    from engine.kvcache import KVCache
+    from engine.kv.cache import KVCache
 
     ctx = _ShiftLog()
     cache = KVCache(ctx, track_cells=False)  # type: ignore[arg-type]

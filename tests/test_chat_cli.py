@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from docs_for_tests import prose
 
-from engine.chat import Chat
-from engine.chat_cli import interactive, parse_line
-from engine.chat_cli import main as chat_main
-from engine.cli import main, parse_args
+from engine.cli.chat import interactive, parse_line
+from engine.cli.chat import main as chat_main
+from engine.cli.main import main, parse_args
 from engine.policies import make_policy
-from engine.prompts import SUMMARY_INSTRUCTION
-from engine.session import Session, SessionConfig
+from engine.runtime.chat import Chat
+from engine.session.core import Session, SessionConfig
+from engine.session.prompts import SUMMARY_INSTRUCTION
 
 FIELDS = {
     "turn",

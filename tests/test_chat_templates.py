@@ -27,8 +27,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine import Engine, Model, Prompt, Result, Session, default_model_path
-from engine.prompts import ask_prompt, chat_prompt, follow_up_prompt, summary_prompt
-from engine.trace import Segment
+from engine.session.prompts import ask_prompt, chat_prompt, follow_up_prompt, summary_prompt
+from engine.session.trace import Segment
 
 DATA = Path(__file__).parent / "data" / "templates"
 

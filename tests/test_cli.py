@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from docs_for_tests import prose
 
-from engine.cli import main
-from engine.model import default_model_path
+from engine.cli.main import main
+from engine.native.model import default_model_path
 
 KEYS = {
     "answer",

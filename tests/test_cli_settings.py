@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from docs_for_tests import prose
 
-from engine import cli
-from engine.prompts import Prompt
-from engine.sampling import Sampling
-from engine.spec import RequestSpec
+from engine.cli import main as cli
+from engine.cli import options as cli_options
+from engine.runtime.spec import RequestSpec
+from engine.session.prompts import Prompt
+from engine.session.sampling import Sampling
 from engine.stats import Done, KVStats
 
 OPTIONS = [
@@ -112,7 +113,7 @@ def fake_engine(log: dict[str, Any]) -> type:
 @pytest.fixture
 def log(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     record: dict[str, Any] = {"engines": [], "sessions": [], "runs": []}
-    monkeypatch.setattr(cli, "Engine", fake_engine(record))
+    monkeypatch.setattr(cli_options, "Engine", fake_engine(record))
     return record
 
 
@@ -211,8 +212,8 @@ def test_a_real_batch_with_options(tmp_path):
 def test_parallel_summaries_use_the_same_config(engine):
     """``summarize --parallel`` opens each document's session in a pool from
     ``RequestSpec.config``; it must be the config ``RequestSpec.open`` gives."""
-    from engine.batch import make_pool
-    from engine.spec import RequestSpec
+    from engine.runtime.batch import make_pool
+    from engine.runtime.spec import RequestSpec
 
     settings = RequestSpec(
         policy="h2o",

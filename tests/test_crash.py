@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import ConfigError, Model, crashlog
-from engine.cpu import build_features, resolve_repack
+from engine import ConfigError, Model
+from engine.native import crashlog
+from engine.native.cpu import build_features, resolve_repack
 
 AMX_INFO = (
     "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
@@ -156,7 +157,7 @@ def test_verbose_command_line_reports_the_crash_once(tmp_path):
 
 
 def test_plain_llama_reference_follows_the_same_rule(engine, caplog):
-    from engine.cpu import reference_llama
+    from engine.native.cpu import reference_llama
 
     caplog.set_level(logging.INFO, logger="kvtrim.llama")
     llm = reference_llama(engine.model.info.path, repack=False, n_ctx=256, verbose=False)
@@ -171,7 +172,7 @@ def test_info_and_json_say_which_cpu_path_runs(tmp_path):
     import io
     import json
 
-    from engine.cli import main
+    from engine.cli.main import main
 
     out = io.StringIO()
     assert main(["info", "--repack", "off"], out, io.StringIO()) == 0

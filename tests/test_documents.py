@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import DocumentError
-from engine.documents import decode_text, load_document
+from engine.documents.load import decode_text, load_document
 
 TEXT = "Grüße aus Köln: the café serves crème brûlée. " * 30
 

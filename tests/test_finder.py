@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import finder
-from engine.finder import FoundModel, Roots, default_roots, find_models
+from engine.native import finder
+from engine.native.finder import FoundModel, Roots, default_roots, find_models
 
 HEADER = b"GGUF" + (3).to_bytes(4, "little") + bytes(24)  # magic, version, counts
 
@@ -302,7 +302,7 @@ def test_a_bad_home_pointer_is_ignored(tmp_path):
 
 
 def test_cli_models_json_reads_the_environment(tmp_path, monkeypatch):
-    from engine.cli import main
+    from engine.cli.main import main
 
     home = tmp_path / "home"
     gguf(home / ".lmstudio" / "models" / "pub" / "repo" / "m-Q4_K_M.gguf")
@@ -334,7 +334,7 @@ def test_cli_models_json_reads_the_environment(tmp_path, monkeypatch):
 
 
 def test_cli_models_says_where_it_looked_when_nothing_is_there(tmp_path, monkeypatch):
-    from engine import models_cli
+    from engine.cli import models as models_cli
 
     monkeypatch.setattr(models_cli, "find_models", lambda roots: [])
     monkeypatch.setenv("HOME", str(tmp_path))

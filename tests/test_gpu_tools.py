@@ -49,7 +49,7 @@ def test_full_shapes_match_the_published_files():
 
 
 def test_the_vocabulary_reader_agrees_with_gguf(tmp_path):
-    from engine.model import default_model_path
+    from engine.native.model import default_model_path
 
     vocab = synth.Vocab.read(Path(default_model_path()))
     out = tmp_path / "vocab.gguf"
@@ -66,7 +66,7 @@ def test_the_vocabulary_reader_agrees_with_gguf(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    from engine.model import default_model_path
+    from engine.native.model import default_model_path
 
     out = tmp_path_factory.mktemp("synth")
     vocab = synth.Vocab.read(Path(default_model_path()))
@@ -199,7 +199,7 @@ def test_alloc_mode_reads_llama_cpp_buffers_without_reading(tiny_models, tmp_pat
     }
     # 2 layers x (K + V) x 2 heads x 64 x 2 bytes = 1 KiB a cell, for the document,
     # 32 answer tokens and a 128-token frame, in llama.cpp's 256-cell blocks
-    from engine.kvmemory import pad
+    from engine.native.kvmemory import pad
 
     assert kv["default"] == kv["noflash"] == pad(4096 + 32 + 128) * 1024
     assert kv["snapkv-128"] < kv["default"] / 10

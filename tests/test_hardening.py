@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Cancelled, DocumentError, Engine, Progress, Session, Token
-from engine.cli import main as cli_main
-from engine.documents import SUFFIXES, load_document
+from engine.cli.main import main as cli_main
+from engine.documents.load import SUFFIXES, load_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,7 +245,7 @@ def test_a_cache_that_cannot_be_allocated_is_a_clear_message(tmp_path):
     code = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))\n"
-        "from engine.cli import main\n"
+        "from engine.cli.main import main\n"
         f"sys.exit(main(['ask', {str(doc)!r}, '-q', 'Who?', '--budget', '24000', "
         "'--swa-cache', 'full']))\n"
     )

@@ -20,12 +20,15 @@ from pathlib import Path
 import pytest
 from docs_for_tests import prose
 
-from engine import ConfigError, DocumentError, ModelError, Sampling, _formats, cli, documents
-from engine._formats import html_text, squeeze_whitespace
-from engine.batch import expand
-from engine.cli import main
-from engine.documents import load_document
-from engine.trace import TokenTrace
+from engine import ConfigError, DocumentError, ModelError, Sampling
+from engine.cli import main as cli
+from engine.cli import options as cli_options
+from engine.cli.main import main
+from engine.documents import limits
+from engine.documents.formats import html_text, squeeze_whitespace
+from engine.documents.load import load_document
+from engine.runtime.batch import expand
+from engine.session.trace import TokenTrace
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
@@ -81,8 +84,8 @@ def test_a_socket_is_refused(tmp_path):
 
 
 def test_a_file_over_the_size_limit_is_refused_with_the_limit(tmp_path, monkeypatch):
-    assert documents.MAX_DOCUMENT_BYTES == 128 * 2**20
-    monkeypatch.setattr(documents, "MAX_DOCUMENT_BYTES", 1000)
+    assert limits.MAX_DOCUMENT_BYTES == 128 * 2**20
+    monkeypatch.setattr(limits, "MAX_DOCUMENT_BYTES", 1000)
     path = tmp_path / "big.txt"
     path.write_text("word " * 300)
     with pytest.raises(DocumentError, match=r"limit of 1,000 bytes") as info:
@@ -97,8 +100,7 @@ def test_text_over_the_character_limit_is_refused(tmp_path, monkeypatch, kind):
     import docx
     from docs_for_tests import text_pdf
 
-    monkeypatch.setattr(documents, "MAX_TEXT_CHARACTERS", 500)
-    monkeypatch.setattr(_formats, "MAX_TEXT_CHARACTERS", 500)
+    monkeypatch.setattr(limits, "MAX_TEXT_CHARACTERS", 500)
     line = "The pass key is 4242 and the kettle is blue. "
     path = tmp_path / f"long.{kind}"
     if kind == "docx":
@@ -155,7 +157,7 @@ def _lie_about_sizes(data: bytes, size: int) -> bytes:
 
 
 def test_a_zip_with_lying_headers_is_read_with_a_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(_formats, "MAX_UNPACKED_BYTES", 2 * 2**20)
+    monkeypatch.setattr(limits, "MAX_UNPACKED_BYTES", 2 * 2**20)
     honest = tmp_path / "honest.docx"
     _bomb_docx(honest, 16)
     liar = tmp_path / "liar.docx"
@@ -434,7 +436,7 @@ def test_kvtrim_repack_from_the_environment_is_checked(monkeypatch):
 
 
 def test_good_edge_values_pass():
-    from engine._argtypes import logical_cpus
+    from engine.cli.types import logical_cpus
 
     sampling = ["--top-p", "1", "--temperature", "0", "--seed", "0"]
     sizes = ["--threads", str(logical_cpus()), "--budget", "1024", "--chunk", "16"]
@@ -451,7 +453,7 @@ def test_repack_reaches_every_engine_the_cli_makes(tmp_path, monkeypatch, comman
         made.append(kwargs)
         raise ModelError("stop here")
 
-    monkeypatch.setattr(cli, "Engine", engine)
+    monkeypatch.setattr(cli_options, "Engine", engine)
     doc = tmp_path / "a.txt"
     doc.write_text(prose(3))
     argv = {
@@ -480,7 +482,7 @@ def test_a_temperature_too_small_to_divide_by_is_greedy():
     """1e-320 overflowed logits / T to inf, and the sampler returned from NaNs."""
     import numpy as np
 
-    from engine.sampling import Sampler, Sampling
+    from engine.session.sampling import Sampler, Sampling
 
     logits = np.array([0.5, 3.0, -1.0, 2.9], dtype=np.float32)
     assert Sampler(Sampling(1e-320, seed=1))(logits) == 1

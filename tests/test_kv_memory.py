@@ -14,10 +14,10 @@ from margins import check
 
 from engine import Session
 from engine.bench.tasks import log_softmax
-from engine.cpu import reference_llama
 from engine.errors import ConfigError
-from engine.kvmemory import pad, swa_cells
-from engine.model import log as llama_log
+from engine.native.cpu import reference_llama
+from engine.native.kvmemory import pad, swa_cells
+from engine.native.model import log as llama_log
 from engine.policies.base import KeepSet
 
 MiB = 2**20

@@ -8,7 +8,7 @@ import pytest
 from docs_for_tests import prose
 
 from engine import Session
-from engine.trace import EVICTED, RECENT, SCORED, SINK, UNREAD, byte_spans
+from engine.session.trace import EVICTED, RECENT, SCORED, SINK, UNREAD, byte_spans
 
 MULTIBYTE = "Café crème, naïve — 日本語 🚀 Ελληνικά; byte-split: 𓀀 ꙮ ⸻ 🧌. "
 

@@ -8,7 +8,7 @@ from PySide6.QtCore import QPoint, Qt
 
 from app.memory_view import MemoryView
 from engine import Prompt
-from engine.trace import (
+from engine.session.trace import (
     EVICTED,
     HEADING,
     SCORED,

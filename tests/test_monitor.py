@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from engine.monitor import MemoryMonitor
+from engine.native.monitor import MemoryMonitor
 
 
 def test_no_gpu_is_reported_not_raised():
@@ -73,7 +73,7 @@ def test_this_process_gpu_memory_from_nvml_or_from_the_start(monkeypatch):
 def test_recorder_keeps_every_sample_and_the_peaks(monkeypatch):
     import time
 
-    from engine.monitor import MemoryRecorder
+    from engine.native.monitor import MemoryRecorder
 
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(fail=False))
     with MemoryRecorder(interval_s=0.01) as rec:
@@ -118,7 +118,7 @@ def test_the_app_graph_plots_what_the_gpu_check_measures(qtbot):
     import math
 
     from app.graphs import MemoryGraphs
-    from engine.monitor import GpuMemory, MemorySample
+    from engine.native.monitor import GpuMemory, MemorySample
 
     graphs = MemoryGraphs()
     qtbot.addWidget(graphs)
@@ -134,7 +134,7 @@ def test_the_app_graph_plots_what_the_gpu_check_measures(qtbot):
 
 
 def test_gpu_backends_from_llama_cpp_system_info():
-    from engine.cpu import gpu_backends
+    from engine.native.cpu import gpu_backends
 
     cuda = "CUDA : ARCHS = 900 | NO_VMM = 1 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX2 = 1 | "
     assert gpu_backends(cuda) == ["CUDA"]
@@ -144,7 +144,7 @@ def test_gpu_backends_from_llama_cpp_system_info():
 def test_a_gpu_build_without_a_gpu_says_so(monkeypatch):
     """The CUDA build made by scripts/gpu/build_wheel.sh, loaded here (no driver),
     runs on the CPU; the note names the build and the missing GPU, not a CPU build."""
-    from engine import model as model_module
+    from engine.native import model as model_module
 
     monkeypatch.setattr(model_module, "system_info", lambda: "CUDA : ARCHS = 900 | CPU : AVX2 = 1")
     m = object.__new__(model_module.Model)

@@ -171,7 +171,7 @@ def test_keep_returns_the_scores_that_chose():
 
 
 def test_the_loop_guard_stops_runaway_answers_and_not_numbers():
-    from engine.sampling import LoopGuard
+    from engine.session.sampling import LoopGuard
 
     def first_stop(tokens: list[int]) -> int | None:
         guard = LoopGuard()

@@ -1,4 +1,4 @@
-"""Several sessions as sequences of one shared context (engine/pool.py): the
+"""Several sessions as sequences of one shared context (engine/pool/kvpool.py): the
 needle each finds is the one it finds alone, eviction in one never touches
 another's cells (checked against llama.cpp's own cell table), shares follow the
 rule, and a cancelled or finished sequence frees its cells at once."""
@@ -17,11 +17,11 @@ from docs_for_tests import prose
 from margins import check
 
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
-from engine.model import log as llama_log
+from engine.native.model import log as llama_log
 from engine.policies import make_policy
-from engine.pool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
-from engine.prompts import ask_prompt
-from engine.session import Session, SessionConfig
+from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
+from engine.session.core import Session, SessionConfig
+from engine.session.prompts import ask_prompt
 
 Q = "What is the pass key? Give the number."
 PREFIX = "The pass key is"
@@ -243,8 +243,8 @@ def test_a_bad_sequence_id_is_an_error_not_an_abort(engine, pool):
 
 
 def test_summarize_parallel_writes_every_file_and_skips_a_bad_one(engine, tmp_path):
-    from engine.batch import Source, default_parallel, summarize_many
-    from engine.spec import RequestSpec
+    from engine.runtime.batch import Source, default_parallel, summarize_many
+    from engine.runtime.spec import RequestSpec
 
     docs = []
     for i, words in enumerate((30, 120, 60)):
@@ -270,8 +270,8 @@ def test_summarize_parallel_writes_every_file_and_skips_a_bad_one(engine, tmp_pa
 def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
     from types import SimpleNamespace
 
-    from engine.batch import default_parallel
-    from engine.spec import RequestSpec
+    from engine.runtime.batch import default_parallel
+    from engine.runtime.spec import RequestSpec
 
     gpu = SimpleNamespace(
         model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=True, info=engine.model.info)
@@ -352,8 +352,8 @@ def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
     21: ``batch._summarize`` once built the policy from its name alone)."""
     from types import SimpleNamespace
 
-    from engine import batch
-    from engine.spec import RequestSpec
+    from engine.runtime import batch
+    from engine.runtime.spec import RequestSpec
 
     class _Stop(Exception):
         pass
@@ -376,7 +376,7 @@ def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
 
 
 def test_cache_settings_are_decided_once():
-    from engine.kvmemory import KV_TYPES, CacheSettings
+    from engine.native.kvmemory import KV_TYPES, CacheSettings
 
     q8, f16 = KV_TYPES["q8_0"], KV_TYPES["f16"]
     plain = CacheSettings.decide(reads_attention=False, kv_type="q8_0")
@@ -398,8 +398,8 @@ def test_a_pooled_request_gets_the_cache_a_lone_session_gets(engine):
     """Issue 21: for a policy that reads no attention with q8_0 and flash attention
     auto, a lone session quantized V (flash attention on) while the pool kept V at
     f16; and a pool silently ran a request whose cache it could not hold."""
-    from engine.batch import make_pool
-    from engine.spec import RequestSpec
+    from engine.runtime.batch import make_pool
+    from engine.runtime.spec import RequestSpec
 
     spec = RequestSpec(policy="streaming", budget_tokens=512, kv_type="q8_0")
     with spec.open(engine) as alone:

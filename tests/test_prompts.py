@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from engine.prompts import ask_prompt, follow_up_prompt, summary_prompt
+from engine.session.prompts import ask_prompt, follow_up_prompt, summary_prompt
 
 GEMMA_IT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
@@ -91,7 +91,7 @@ def test_only_the_templates_markup_is_special(engine):
 
 
 def test_chat_messages_are_text_too(engine):
-    from engine.prompts import chat_prompt
+    from engine.session.prompts import chat_prompt
 
     info = dataclasses.replace(engine.model.info, chat_template=GEMMA_IT_TEMPLATE)
     fake = types.SimpleNamespace(info=info, native=engine.model.native, add_bos=True)
@@ -113,7 +113,7 @@ def test_long_texts_tokenize_in_pieces_to_the_same_tokens(engine, monkeypatch):
     """Pieces bound what the tokenizer holds at once, whatever the document's size."""
     from docs_for_tests import prose
 
-    import engine.model as model_module
+    import engine.native.model as model_module
 
     text = prose(300, seed=3) + "  double  spaces\tand\ttabs " + "x" * 5000 + " end."
     whole = engine.model.tokenize(text)

@@ -15,9 +15,9 @@ from margins import check
 
 from engine import Cancelled, Engine, Recalled, Sampling, Session, Token
 from engine.bench import multiturn
-from engine.kvmemory import pad
-from engine.recall import Recall, words
-from engine.trace import EVICTED, RECALLED
+from engine.native.kvmemory import pad
+from engine.session.recall import Recall, words
+from engine.session.trace import EVICTED, RECALLED
 
 WORDS = [f"w{i}" for i in range(12)]  # filler words
 

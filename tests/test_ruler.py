@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.bench import cli as bench_cli
 from engine.bench import ruler, ruler_report, texts
-from engine.cli import main, parse_args
+from engine.cli import bench as bench_cli
+from engine.cli.main import main, parse_args
 from engine.errors import ConfigError
 
 
@@ -451,7 +451,7 @@ def test_real_ruler_quick(tmp_path):
 def test_ruler_parts_name_tasks_and_haystacks_and_depths_count():
     import argparse
 
-    from engine.bench import cli as bench_cli
+    from engine.cli import bench as bench_cli
 
     parser = argparse.ArgumentParser()
     bench_cli.add_parser(parser.add_subparsers())

@@ -203,8 +203,8 @@ def test_metrics_count_what_happened(server, client):
 
 
 def test_a_full_queue_refuses_instead_of_growing():
+    from engine.runtime.spec import RequestSpec
     from engine.serve.runner import EngineRunner, Job, Overloaded
-    from engine.spec import RequestSpec
 
     release = threading.Event()
 
@@ -235,7 +235,7 @@ def test_a_full_queue_refuses_instead_of_growing():
 
 
 def test_chat_prompt_for_a_base_model(engine):
-    from engine.prompts import chat_prompt
+    from engine.session.prompts import chat_prompt
 
     p = chat_prompt(
         engine.model,

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from docs_for_tests import prose
 
-from engine.cli import main as cli_main
+from engine.cli.main import main as cli_main
+from engine.cli.serve import allowed_hosts
 from engine.serve.api import ServerConfig, create_app
 from engine.serve.background import BackgroundServer
-from engine.serve.cli import allowed_hosts
 
 KEY = "sk-kvtrim-hardening"
 MIB = 2**20
@@ -248,7 +248,7 @@ def test_bad_serve_options_stop_before_the_model_loads(monkeypatch, option):
     def no_model(*args: object, **kw: object) -> None:
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("engine.serve.cli.Engine", no_model)
+    monkeypatch.setattr("engine.cli.options.Engine", no_model)
     out, err = io.StringIO(), io.StringIO()
     assert cli_main(["serve", *option], out, err) == 2
     assert err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue()

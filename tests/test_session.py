@@ -28,7 +28,7 @@ from engine import (
     Session,
     Token,
 )
-from engine.cpu import reference_llama
+from engine.native.cpu import reference_llama
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.95)
 PASSKEY_JUNK = 150  # about 3,600 tokens

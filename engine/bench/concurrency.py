@@ -1,4 +1,4 @@
-"""Throughput against concurrency: many requests in one context (engine/pool.py).
+"""Throughput against concurrency: many requests in one context (engine/pool/kvpool.py).
 
 Three parts, each measured in one run so that ratios compare like with like:
 
@@ -30,14 +30,14 @@ from typing import Any
 
 import httpx
 
-from ..batch import FileSummary, Source, summarize_many
-from ..kvmemory import pad
+from ..native.kvmemory import pad
 from ..policies import make_policy
-from ..pool import QUESTION_ROOM, SLACK, KVPool
-from ..prompts import ask_prompt
-from ..runtime import Engine
-from ..session import default_threads
-from ..spec import RequestSpec
+from ..pool.kvpool import QUESTION_ROOM, SLACK, KVPool
+from ..runtime.batch import FileSummary, Source, summarize_many
+from ..runtime.engine import Engine
+from ..runtime.spec import RequestSpec
+from ..session.core import default_threads
+from ..session.prompts import ask_prompt
 from .records import Records
 from .tasks import key_for, real_text
 

@@ -39,11 +39,11 @@ from typing import Any
 
 from llama_cpp import Llama
 
-from ..cpu import reference_llama, system_info
-from ..monitor import MemoryMonitor, MemoryRecorder, MemorySample
-from ..prompts import Prompt
-from ..runtime import Engine
-from ..session import Session
+from ..native.cpu import reference_llama, system_info
+from ..native.monitor import MemoryMonitor, MemoryRecorder, MemorySample
+from ..runtime.engine import Engine
+from ..session.core import Session
+from ..session.prompts import Prompt
 from .reference import decode_greedy
 from .tasks import filler_haystack
 

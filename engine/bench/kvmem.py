@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..policies import Full, reads_attention
-from ..runtime import Engine
+from ..runtime.engine import Engine
 from . import tasks
 from .records import Records
 

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from ..policies import evicts
-from ..prompts import Prompt
-from ..runtime import Engine
-from ..session import Session
-from ..trace import EVICTED, strip
+from ..runtime.engine import Engine
+from ..session.core import Session
+from ..session.prompts import Prompt
+from ..session.trace import EVICTED, strip
 from .tasks import PASSKEY_PREFIX, PASSKEY_SUFFIX, filler_haystack
 
 CELLS = 600  # strip resolution

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..monitor import MemoryMonitor
+from ..native.monitor import MemoryMonitor
 from ..policies import evicts
-from ..runtime import Engine
+from ..runtime.engine import Engine
 from ..stats import Done, Recalled
 from .records import Records
 from .tasks import _drain, real_text

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..kvmemory import pad
+from ..native.kvmemory import pad
 from ..policies import keeps_all
 
 _MB = 2**20

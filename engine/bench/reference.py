@@ -10,8 +10,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
-from ..cpu import reference_llama
-from ..monitor import MemoryMonitor
+from ..native.cpu import reference_llama
+from ..native.monitor import MemoryMonitor
 
 
 def decode_greedy(llm: Llama, n_tokens: int) -> float:

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..documents import load_document
+from ..documents.load import load_document
 from ..policies import Full, evicts, make_policy
-from ..runtime import Engine
-from ..session import Session
+from ..runtime.engine import Engine
+from ..session.core import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_FILE = ROOT / "resources" / "samples" / "passkey.txt"

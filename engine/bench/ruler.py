@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ConfigError, ContextOverflowError, OutOfMemoryError
-from ..kvmemory import pad
+from ..native.kvmemory import pad
 from ..policies import evicts, keeps_all
-from ..runtime import Engine
-from ..session import POSITION_MODES
+from ..runtime.engine import Engine
+from ..session.core import POSITION_MODES
 from . import texts
 from .records import Records
 from .tasks import FILLER

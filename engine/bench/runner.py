@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 
 from ..policies import POLICIES, Full, evicts
-from ..runtime import Engine
-from ..session import default_threads
+from ..runtime.engine import Engine
+from ..session.core import default_threads
 from . import maps, tasks, texts
 from .reference import plain_llama
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..monitor import MemoryMonitor
+from ..native.monitor import MemoryMonitor
 from ..policies import evicts
-from ..prompts import Prompt, summary_prompt
-from ..runtime import Engine
+from ..runtime.engine import Engine
+from ..session.prompts import Prompt, summary_prompt
 from ..stats import Done, Event, KVStats
 from . import texts
 

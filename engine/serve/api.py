@@ -30,7 +30,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..runtime import Engine
+from ..runtime.engine import Engine
 from ..stats import Done, Result, Token
 from .api_errors import ApiError, from_engine, from_http, from_validation
 from .config import ServerConfig

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..policies import POLICIES, make_policy
-from ..pool import LAYOUTS, MIN_SHARE, QUESTION_ROOM, SHARES
+from ..pool.kvpool import LAYOUTS, MIN_SHARE, QUESTION_ROOM, SHARES
 from .guards import LOOPBACK_HOSTS
 from .schemas import MAX_TOKENS
 
@@ -30,7 +30,7 @@ class ServerConfig:
     max_kv_budget: int | None = None  # a request's kv_budget at most; None: budget_tokens
     max_body_bytes: int = 16 * 2**20
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header names; "*" allows any
-    parallel: int = 1  # requests decoded together in one context (see engine/pool.py)
+    parallel: int = 1  # requests decoded together in one context (see engine/pool/kvpool.py)
     kv_cells: int | None = None  # the KV cells all of them share; None: see pool_cells
     share: str = "length"  # how the cells are split between requests (pool.SHARES)
     layout: str = "shared"  # one pool of cells, or one KV stream per request (pool.LAYOUTS)

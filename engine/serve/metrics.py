@@ -72,7 +72,7 @@ class Metrics:
         self._count = 0
 
     def _pool_metrics(self, r: CollectorRegistry) -> None:
-        """Parallel requests (engine/pool.py): the pool, and each sequence by its id."""
+        """Parallel requests (engine/pool/kvpool.py): the pool, and each sequence by its id."""
         self.pool_cells_gauge = Gauge("kvtrim_pool_cells", "KV cells shared", registry=r)
         self.pool_reserved = Gauge(
             "kvtrim_pool_reserved_cells", "KV cells promised to running requests", registry=r

@@ -2,7 +2,7 @@
 sequence) of its own, so one request's eviction never touches another's cache.
 
 With ``parallel > 1`` up to that many requests run at once as sequences of one
-shared context (engine/pool.py): their tokens are decoded in one batch per step
+shared context (engine/pool/kvpool.py): their tokens are decoded in one batch per step
 and they share ``kv_cells`` KV cells, each a share by its length. A request that
 is cancelled or whose client went away frees its sequence and cells at once.
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, KvtrimError
-from ..pool import KVPool
-from ..runtime import Engine
-from ..session import Session, default_threads
-from ..spec import RequestSpec
+from ..pool.kvpool import KVPool
+from ..runtime.engine import Engine
+from ..runtime.spec import RequestSpec
+from ..session.core import Session, default_threads
 from ..stats import Done, Event, Result
 
 Sink = Callable[[Event], None]

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError
 from ..policies import POLICIES
-from ..prompts import chat_prompt
-from ..sampling import Sampling
-from ..spec import RequestSpec
+from ..runtime.spec import RequestSpec
+from ..session.prompts import chat_prompt
+from ..session.sampling import Sampling
 from .api_errors import ApiError, invalid
 from .config import ServerConfig
 from .runner import Job

@@ -38,8 +38,8 @@ import numpy as np
 from llama_cpp import _internals
 
 from engine import _ggml
-from engine.model import Model
-from engine.model import log as llama_log
+from engine.native.model import Model
+from engine.native.model import log as llama_log
 
 GLOBAL_LAYER = 5  # Gemma 3 270M: 5, 11, 17 are global; the others slide over 512
 SWA_LAYER = 0
@@ -553,7 +553,7 @@ def seq_rm_out_of_range(unified: bool) -> dict:
     """``llama_memory_seq_rm`` with seq_id == n_seq_max, in a child process (it may
     abort the process)."""
     code = (
-        "from engine.model import Model\n"
+        "from engine.native.model import Model\n"
         "from scripts_probe import MultiCtx\n"
         f"mc = MultiCtx(Model(), n_seq_max=2, n_ctx=512, unified={unified}, layers=())\n"
         "print('seq_rm ->', mc.seq_rm(2, 0, -1), flush=True)\n"

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from engine import Engine, Session
-from engine import session as session_module
 from engine.bench.tasks import log_softmax
-from engine.prompts import ask_prompt
-from engine.sampling import Sampling
+from engine.session import core as session_module
+from engine.session.prompts import ask_prompt
+from engine.session.sampling import Sampling
 
 NEEDLE = "Site note: the vault combination is 58316."
 QUESTION = "What is the vault combination?"

@@ -1,0 +1,402 @@
+"""The ``kvtrim bench`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..bench import report
+from ..bench.runner import BenchConfig, run, steps_total
+from ..errors import ConfigError
+from ..policies import POLICIES, evicts
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="compare policies on quality, memory and speed")
+    d = BenchConfig()
+    p.add_argument("--quick", action="store_true", help="a small grid (under 2 minutes)")
+    p.add_argument(
+        "--policies",
+        type=_csv,
+        default=None,
+        help=f"comma-separated (default: {','.join(d.policies)})",
+    )
+    p.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help=f"document length of the quality runs (default: {d.length})",
+    )
+    p.add_argument(
+        "--budgets",
+        type=_csv,
+        default=None,
+        help="fractions of --length (1/8) or cells (default: 1/8,1/4)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in _csv(s)],
+        default=None,
+        help="document lengths of the scaling runs (default: 2048,4096,8192,16000)",
+    )
+    p.add_argument("--scale-budget", type=int, default=None, help="budget of the scaling runs")
+    p.add_argument("--depths", type=int, default=None, help="passkey depths per trial")
+    p.add_argument("--trials", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--model", default=None, metavar="PATH")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    p.add_argument(
+        "--maps-only",
+        action="store_true",
+        help="add the needle memory maps to OUT/results.json and rewrite the report",
+    )
+    p.add_argument(
+        "--robustness",
+        action="store_true",
+        help="only the README demo under threads 1/2, flash attention on/off, repacking "
+        "on/off and batch 256/512, plus the cost of repacking off (about 20 minutes); "
+        "writes OUT/robustness.json and OUT/robustness.md",
+    )
+    p.add_argument(
+        "--kv-memory",
+        action="store_true",
+        help="only KV memory against llama.cpp's default (2K-64K tokens), the "
+        "sliding-window cache against swa_full and q8_0/q4_0 caches (about an hour; "
+        "with --quick a minute); writes OUT/kvmem.json, OUT/kvmem.md and a plot",
+    )
+    p.add_argument(
+        "--multiturn",
+        action="store_true",
+        help="only the conversation task: a summary, then questions about 4 planted facts "
+        "per document, every policy and budget with recall, against the full cache and a "
+        "fresh read per question (about 45 minutes; with --quick 2); writes "
+        "OUT/multiturn.json and OUT/multiturn.md",
+    )
+    p.add_argument(
+        "--ruler",
+        action="store_true",
+        help="only the RULER-style suite (Hsieh et al. 2024): niah_single, niah_multikey, "
+        "niah_multivalue and variable_tracking in essay, noise and numbers haystacks of "
+        "4K-64K tokens at depths 0.1/0.4/0.7, the full cache (where the document fits the "
+        "trained context) against snapkv, h2o, tova and streaming at budgets 1024 and 4096 "
+        "with compact and original positions. The full grid reads about 100M prompt tokens: "
+        "days on 2 cores; with --quick (2K tokens, 12 answers) about a minute. --parts picks "
+        "tasks, --positions position modes; writes OUT/ruler.json, OUT/ruler.md and "
+        "OUT/ruler.png",
+    )
+    p.add_argument(
+        "--positions",
+        type=_csv,
+        default=None,
+        help="with --ruler: which of compact,original (default: both)",
+    )
+    p.add_argument(
+        "--concurrency",
+        action="store_true",
+        help="only throughput against concurrency: the server with 1-8 clients, "
+        "summarize one by one and --parallel, pass keys alone and together (about 15 "
+        "minutes; with --quick 3); writes OUT/concurrency.json and OUT/concurrency.md",
+    )
+    p.add_argument(
+        "--parts",
+        type=_csv,
+        default=None,
+        help="with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
+        "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
+        "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
+        "numbers (default: all)",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite report.md and the plots from OUT/results.json",
+    )
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    cfg = BenchConfig.quick() if args.quick else BenchConfig()
+    for name in (
+        "policies",
+        "length",
+        "budgets",
+        "lengths",
+        "depths",
+        "trials",
+        "seed",
+        "model",
+        "threads",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(cfg, name, value)
+    if args.scale_budget is not None:
+        cfg.scale_budget = args.scale_budget
+    unknown = [p for p in cfg.policies if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"kvtrim: error: unknown policy {unknown[0]!r}")
+    return cfg
+
+
+def _check_tools() -> None:
+    """Fail before hours of work, not after, when the plotting or ROUGE library is missing
+    (the PyInstaller bundle leaves them out)."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "rouge_score") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"kvtrim bench needs {' and '.join(missing)}; run it from a pip install "
+            "(bash scripts/setup.sh), not the app bundle"
+        )
+
+
+def _maps_only(cfg: BenchConfig, out_dir: Path, out: TextIO) -> int:
+    """Needle memory maps added to an earlier run's results (or alone)."""
+    import json
+
+    from ..bench.runner import run_maps
+    from ..runtime.engine import Engine
+
+    path = out_dir / "results.json"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: run kvtrim bench --out {out_dir} first")
+    result = json.loads(path.read_text())
+    with Engine(cfg.model, n_threads=cfg.threads) as engine:
+        result["maps"] = run_maps(engine, cfg, lambda label: None)
+    path.write_text(json.dumps(result, indent=1))
+    report_path = report.write(result, out_dir, result.get("command", "kvtrim bench"))
+    out.write(f"wrote {path} and {report_path}\n")
+    return 0
+
+
+def _robustness(cfg: BenchConfig, out_dir: Path, out: TextIO, err: TextIO) -> int:
+    """The demo under numeric variants, and what repacking off costs."""
+    import json
+
+    from ..bench import robustness as rb
+    from ..documents.load import load_document
+
+    def step(label: str) -> None:
+        err.write(label + "\n")
+        err.flush()
+
+    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    records = rb.run_robustness(cfg.model, step)
+    text = load_document(rb.DEMO_FILE)
+    cost = rb.repack_cost(cfg.model, text[: len(text) // 4])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"command": command, "records": records, "repack_cost": cost}
+    (out_dir / "robustness.json").write_text(json.dumps(data, indent=1))
+    (out_dir / "robustness.md").write_text(rb.markdown(records, cost, command))
+    for policy, (hits, n) in rb.summary(records).items():
+        out.write(f"{policy}: {hits}/{n} right\n")
+    out.write(f"wrote {out_dir / 'robustness.md'}\n")
+    return 0
+
+
+def _part(
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    name: str,
+    configure: Callable[[], Any],
+    module: Any,
+    report: Any,
+) -> int:
+    """One part of the benchmark that writes ``OUT/<name>.json``: ``configure()`` builds
+    its config (before the model loads, so a bad option fails at once), ``module.run``
+    measures, ``report`` writes ``<name>.md`` and judges the targets. With
+    ``--report-only`` the JSON is read back instead."""
+    import json
+
+    from ..runtime.engine import Engine
+
+    path = args.out / f"{name}.json"
+    if args.report_only:
+        result = json.loads(path.read_text())
+    else:
+        cfg = configure()
+
+        def step(label: str) -> None:
+            err.write(label + "\n")
+            err.flush()
+
+        command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        with Engine(args.model, n_threads=args.threads) as engine:
+            result = module.run(cfg, engine, args.out, step, command)
+    report_path = report.write(result, args.out)
+    for target, measured, ok in report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {target}: {measured}\n")
+    out.write(f"wrote {path} and {report_path}\n")
+    return 0
+
+
+def _kvmem_config(args: argparse.Namespace) -> Any:
+    from ..bench import kvmem
+
+    cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
+    if args.lengths is not None:
+        cfg.lengths = args.lengths
+    if args.depths is not None:
+        cfg.depths = args.depths
+    if args.parts is not None:
+        bad = [p for p in args.parts if p not in kvmem.PARTS]
+        if bad:
+            raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(kvmem.PARTS)}")
+        cfg.parts = args.parts
+    return cfg
+
+
+def _multiturn_config(args: argparse.Namespace) -> Any:
+    from ..bench import multiturn
+
+    cfg = multiturn.MultiTurnConfig.quick() if args.quick else multiturn.MultiTurnConfig()
+    if args.policies is not None:
+        unknown = [p for p in args.policies if not evicts(p)]
+        if unknown:
+            raise ConfigError(f"unknown or non-evicting policy {unknown[0]!r}")
+        cfg.policies = args.policies
+    if args.budgets is not None:
+        cfg.budgets = [int(b) for b in args.budgets]
+        cfg.main_budget = cfg.budgets[-1]
+    if args.length is not None:
+        cfg.doc_tokens = args.length
+    if args.trials is not None:
+        cfg.docs = args.trials
+    if args.seed is not None:
+        cfg.seed = args.seed
+    return cfg
+
+
+def _ruler_config(args: argparse.Namespace) -> Any:
+    from ..bench import ruler
+
+    cfg = ruler.RulerConfig.quick() if args.quick else ruler.RulerConfig()
+    if args.lengths is not None:
+        cfg.lengths = args.lengths
+    if args.trials is not None:
+        cfg.trials = args.trials
+    if args.seed is not None:
+        cfg.seed = args.seed
+    if args.parts is not None:  # task and haystack names
+        tasks = [p for p in args.parts if p not in ruler.HAYSTACKS]
+        cfg.tasks = tasks or cfg.tasks
+        cfg.haystacks = [p for p in args.parts if p in ruler.HAYSTACKS] or cfg.haystacks
+    if args.depths is not None:  # how many, evenly spread
+        cfg.depths = [round((i + 0.5) / args.depths, 3) for i in range(args.depths)]
+    if (args.policies, args.budgets, args.positions) != (None, None, None):
+        try:
+            budgets = [int(b) for b in args.budgets] if args.budgets else cfg.part(1)
+        except ValueError:
+            raise ConfigError("--budgets with --ruler takes token counts (1024,4096)") from None
+        cfg.settings = ruler.grid(
+            args.policies or cfg.part(0), budgets, args.positions or cfg.part(2)
+        )
+    cfg.check()
+    return cfg
+
+
+def _concurrency_config(args: argparse.Namespace) -> Any:
+    from ..bench import concurrency
+
+    cfg = concurrency.ConcurrencyConfig.quick() if args.quick else concurrency.ConcurrencyConfig()
+    if args.parts is not None:
+        bad = [p for p in args.parts if p not in concurrency.PARTS]
+        if bad:
+            raise ConfigError(
+                f"unknown part {bad[0]!r}; choose from {', '.join(concurrency.PARTS)}"
+            )
+        cfg.parts = args.parts
+    if args.seed is not None:
+        cfg.seed = args.seed
+    return cfg
+
+
+def _concurrency(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..bench import concurrency, concurrency_report
+
+    return _part(
+        args,
+        out,
+        err,
+        "concurrency",
+        lambda: _concurrency_config(args),
+        concurrency,
+        concurrency_report,
+    )
+
+
+def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..bench import kvmem, kvmem_report
+
+    return _part(args, out, err, "kvmem", lambda: _kvmem_config(args), kvmem, kvmem_report)
+
+
+def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..bench import multiturn, multiturn_report
+
+    return _part(
+        args, out, err, "multiturn", lambda: _multiturn_config(args), multiturn, multiturn_report
+    )
+
+
+def _ruler(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ..bench import ruler, ruler_report
+
+    return _part(args, out, err, "ruler", lambda: _ruler_config(args), ruler, ruler_report)
+
+
+def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tqdm import tqdm
+
+    _check_tools()
+    if args.kv_memory:
+        return _kv_memory(args, out, err)
+    if args.multiturn:
+        return _multiturn(args, out, err)
+    if args.concurrency:
+        return _concurrency(args, out, err)
+    if args.ruler:
+        return _ruler(args, out, err)
+    if args.report_only:
+        import json
+
+        result = json.loads((args.out / "results.json").read_text())
+        path = report.write(result, args.out, result.get("command", "kvtrim bench"))
+        out.write(f"wrote {path}\n")
+        return 0
+    cfg = config_from(args)
+    if args.maps_only:
+        return _maps_only(cfg, args.out, out)
+    if args.robustness:
+        return _robustness(cfg, args.out, out, err)
+    total = steps_total(cfg)
+    bar = tqdm(total=total, file=err, disable=not err.isatty(), unit="run")
+    done = 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        done += 1
+        bar.set_description(label[:60])
+        bar.update(1)
+        if not err.isatty():
+            err.write(f"[{done}/{total}] {label}\n")
+            err.flush()
+
+    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result = run(cfg, args.out, step, command)
+    bar.close()
+    path = report.write(result, args.out, command)
+    out.write(f"wrote {args.out / 'results.json'} and {path}\n")
+    for name, measured, ok in report.targets(result):
+        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+    return 0

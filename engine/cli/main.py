@@ -1,0 +1,479 @@
+"""The ``kvtrim`` command: ask about or summarize a document in bounded memory.
+
+kvtrim ask notes.txt --question "What is the pass key?" --policy snapkv --budget 1024
+kvtrim summarize notes.txt --json
+kvtrim summarize a.pdf b.docx notes/ --out summaries/
+kvtrim info
+kvtrim serve --policy h2o --budget 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from ..documents.load import SUFFIXES, load_document
+from ..errors import Cancelled, ConfigError, DocumentError, KvtrimError
+from ..native.cpu import system_info
+from ..native.monitor import MemoryMonitor
+from ..policies import POLICIES, help_lines, make_policy
+from ..runtime.spec import RequestSpec
+from ..session.core import MIN_CHUNK, POSITION_MODES, Session
+from ..stats import Done, Evicted, Progress, Token
+from . import bench as bench_cli
+from . import chat as chat_cli
+from . import serve as serve_cli
+from . import types
+from .models import add_parser as add_models_parser
+from .models import main as models_main
+from .options import engine_from_args
+
+_MB = 1024 * 1024
+REPACK_MODES = ("auto", "on", "off")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors raise ``ConfigError``: ``main`` reports them in one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """--model, --gpu-layers, --repack: shared by ask, summarize and info."""
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="a GGUF model (default: the embedded Gemma 3 270M)",
+    )
+    p.add_argument(
+        "--gpu-layers",
+        type=types.at_least(0, "layers"),
+        default=0,
+        metavar="N",
+        help="layers to offload to the GPU (needs a CUDA build of llama-cpp-python)",
+    )
+    p.add_argument(
+        "--repack",
+        choices=REPACK_MODES,
+        default=os.environ.get("KVTRIM_REPACK", "auto"),
+        help="llama.cpp's CPU weight repacking (extra buffer types): auto turns it off on "
+        "CPUs with AMX, where it crashes (default: $KVTRIM_REPACK, else auto)",
+    )
+
+
+def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
+    if many:
+        p.add_argument(
+            "file",
+            nargs="+",
+            type=Path,
+            help="documents or folders (.txt .md .html .pdf .docx); several, a folder or "
+            "--out summarize each into its own Markdown file",
+        )
+        p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write")
+        p.add_argument(
+            "--parallel",
+            type=types.at_least(1, "documents"),
+            default=None,
+            metavar="N",
+            help="documents read at once, as sequences of one context sharing the KV "
+            "memory of one (default: 1 on a CPU, where it does not pay; up to 4 with "
+            "--gpu-layers, as free memory allows)",
+        )
+    else:
+        p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
+    p.add_argument(
+        "--policy",
+        choices=list(POLICIES),
+        default="snapkv",
+        help=f"eviction policy (default: snapkv). {help_lines()}",
+    )
+    p.add_argument(
+        "--budget",
+        type=types.at_least(MIN_CHUNK, "tokens"),
+        default=1024,
+        metavar="N",
+        help="KV cells kept after each eviction (default: 1024)",
+    )
+    p.add_argument(
+        "--chunk",
+        type=types.at_least(MIN_CHUNK, "tokens"),
+        default=None,
+        metavar="N",
+        help="tokens read between evictions (default: budget/4)",
+    )
+    p.add_argument(
+        "--no-question-aware",
+        action="store_true",
+        help="score with the document's own attention, not the question's",
+    )
+    p.add_argument(
+        "--positions",
+        choices=list(POSITION_MODES),
+        default="compact",
+        help="renumber kept tokens after eviction (compact, default), keep the "
+        "positions they were read at (original, as in the papers), or shorten each "
+        "hole to a few positions (bounded)",
+    )
+    p.add_argument(
+        "--flash-attn",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="flash attention (policies that read attention always run without it)",
+    )
+    types.kv_options(p)
+    p.add_argument(
+        "--answer-prefix",
+        default="",
+        metavar="TEXT",
+        help="text the answer starts with (helps base models: 'The pass key is')",
+    )
+    _model_options(p)
+    p.add_argument(
+        "--threads",
+        type=types.threads,
+        default=None,
+        metavar="N",
+        help=f"CPU threads, 1 to {types.logical_cpus()} (default: the physical cores)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=types.at_least(1, "tokens"),
+        default=128,
+        metavar="N",
+        help="the longest answer, in tokens (default: 128)",
+    )
+    p.add_argument(
+        "--temperature", type=types.temperature, default=0.0, help="0 is greedy (default)"
+    )
+    p.add_argument("--top-p", type=types.top_p, default=1.0, help="in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=types.at_least(0), default=None, metavar="N")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop string (repeatable; default: the prompt's own)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--show-kept",
+        type=Path,
+        default=None,
+        metavar="FILE.html",
+        help="write what the cache held at the end, over the text, as an HTML page",
+    )
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kvtrim", description="Long documents in a bounded KV cache (H2O, SnapKV, TOVA, ...)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="answer a question about a document")
+    _common(ask)
+    ask.add_argument("--question", "-q", required=True)
+    summ = sub.add_parser("summarize", help="summarize a document, or many into --out")
+    _common(summ, many=True)
+    chat = sub.add_parser("chat", help="chat about a document in the terminal (or JSON lines)")
+    _common(chat)
+    chat_cli.add_options(chat)
+    bench_cli.add_parser(sub)
+    serve_cli.add_parser(sub)
+    info = sub.add_parser("info", help="show the model and the memory monitor")
+    _model_options(info)
+    add_models_parser(sub)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Options, each checked: a bad one raises ``ConfigError``."""
+    args = build_parser().parse_args(argv)
+    check_settings(args)
+    return args
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """What one option alone cannot tell: the budget against the policy's
+    protected tokens, and ``$KVTRIM_REPACK``. Runs before any file is read."""
+    if getattr(args, "repack", None) not in (None, *REPACK_MODES):  # None: serve's default
+        raise ConfigError(
+            f"KVTRIM_REPACK must be one of {', '.join(REPACK_MODES)}, got {args.repack!r}"
+        )
+    if args.command not in ("ask", "summarize", "chat"):
+        return
+    policy = make_policy(args.policy)
+    protected = policy.protected(args.budget)
+    if policy.evicts and args.budget < protected + 1:
+        raise ConfigError(
+            f"budget {args.budget} is too small for {policy.name}: it keeps "
+            f"{protected} sink and recent tokens"
+        )
+
+
+def _summary_line(result: dict[str, Any]) -> str:
+    return (
+        f"[{result['policy']} budget={result['budget_tokens']}] "
+        f"{result['prompt_tokens']} prompt tokens, peak {result['kv_cells_peak']} cells, "
+        f"KV {result['kv_bytes_peak'] / _MB:.1f} MB vs "
+        f"{result['kv_bytes_llama_default'] / _MB:.1f} MB llama.cpp default "
+        f"({result['kv_ratio']:.3f}; {result['kv_bytes_full'] / _MB:.1f} MB swa_full), "
+        f"evicted {result['evicted_tokens']}, "
+        f"prefill {result['prefill_tokens_per_s']:.0f} tok/s, "
+        f"decode {result['decode_tokens_per_s']:.1f} tok/s"
+    )
+
+
+def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from tqdm import tqdm
+
+    from ..runtime.batch import default_parallel, expand, prepare_out_dir, summarize_many, table
+
+    sources = expand(args.file)
+    if not sources:
+        names = ", ".join(str(p) for p in args.file)
+        raise DocumentError(f"{names}: a directory with no documents ({', '.join(SUFFIXES)})")
+    out_dir = args.out or Path("summaries")
+    prepare_out_dir(out_dir)  # a bad --out fails before the model loads
+    settings = RequestSpec.from_args(args)
+    bar = tqdm(total=len(sources), file=err, disable=args.json or not err.isatty(), unit="file")
+
+    def progress(path: Path, event: object) -> None:
+        if isinstance(event, Progress):
+            bar.set_postfix_str(f"{path.name}: {event.done:,}/{event.total:,} tokens")
+        elif isinstance(event, Done):
+            bar.update(1)
+
+    with engine_from_args(args) as engine:
+        try:
+            parallel = args.parallel or default_parallel(engine, settings, len(sources))
+            results = summarize_many(engine, sources, out_dir, settings, progress, parallel)
+        finally:
+            bar.close()
+    failed = [r for r in results if r.error]
+    if args.json:
+        rows = [
+            {
+                "file": str(r.path),
+                "out": str(r.out) if r.out else None,
+                "error": r.error,
+                "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
+                "retention": r.retention if r.stats else None,
+                "kv_bytes": r.stats.kv_bytes if r.stats else None,
+                "kv_bytes_full": r.stats.kv_bytes_full if r.stats else None,
+                "seconds": r.seconds,
+            }
+            for r in results
+        ]
+        out.write(json.dumps(rows) + "\n")
+    else:
+        out.write(table(results) + "\n")
+    for r in failed:
+        err.write(f"kvtrim: skipped {r.path}: {r.error}\n")
+    return 1 if failed else 0
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command == "summarize":
+        if len(args.file) > 1 or args.out is not None or args.file[0].is_dir():
+            return _batch(args, out, err)
+        args.file = args.file[0]
+    text = load_document(args.file)
+    settings = RequestSpec.from_args(args)
+    monitor = MemoryMonitor()
+    with engine_from_args(args) as engine:
+        if engine.model.device_note:
+            err.write(f"note: {engine.model.device_note}\n")
+        with settings.open(engine) as session:
+            _install_sigint(session)
+            if args.command == "ask":
+                events = settings.ask(session, text, args.question)
+            else:
+                events = settings.summarize(session, text)
+            if not args.json and settings.answer_prefix:
+                out.write(settings.answer_prefix)
+            show_progress = not args.json and err.isatty()
+            done: Done | None = None
+            for event in events:
+                if isinstance(event, (Progress, Evicted)):
+                    monitor.sample()
+                if isinstance(event, Progress) and show_progress:
+                    err.write(
+                        f"\rreading {event.done}/{event.total} tokens, "
+                        f"{event.stats.evicted_tokens} evicted"
+                    )
+                    err.flush()
+                elif isinstance(event, Token) and not args.json:
+                    if show_progress and event.stats.generated_tokens == 1:
+                        err.write("\r\033[K")
+                    out.write(event.text)
+                    out.flush()
+                elif isinstance(event, Done):
+                    done = event
+            monitor.sample()
+            if args.show_kept is not None and done is not None:
+                _write_kept(args, session, engine.model_name, settings.answer(done.text))
+    monitor.close()
+    assert done is not None
+    s = done.stats
+    result = {
+        "answer": settings.answer(done.text),
+        "policy": s.policy,
+        "budget_tokens": s.budget_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+        "kv_cells_peak": s.cells_peak,
+        "kv_cells_allocated": s.n_ctx,
+        "kv_swa_cells_allocated": s.swa_cells,
+        "kv_type": s.kv_type,
+        "kv_bytes_peak": s.kv_bytes,
+        "kv_bytes_llama_default": s.kv_bytes_llama_default,
+        "kv_bytes_full": s.kv_bytes_full,
+        "kv_ratio": s.kv_ratio,
+        "kv_ratio_full": s.kv_ratio_full,
+        "evicted_tokens": s.evicted_tokens,
+        "evictions": s.evictions,
+        "prefill_tokens_per_s": s.prefill_tokens_per_s,
+        "decode_tokens_per_s": s.decode_tokens_per_s,
+        "first_token_s": s.first_token_s,
+        "prefill_s": s.prefill_s,
+        "decode_s": s.decode_s,
+        "capture_s": s.capture_s,
+        "score_s": s.score_s,
+        "finish_reason": done.reason,
+        "rss_peak_bytes": monitor.rss_peak_bytes,
+        "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.gpu_note is None else None,
+        # this process's own (weights, KV, buffers): what the app plots and the GPU check
+        "gpu_process_peak_bytes": (
+            monitor.process_gpu_peak_bytes if monitor.gpu_note is None else None
+        ),
+        "gpu": monitor.gpu_note or "NVIDIA GPU",
+        "model": engine.model_name,
+        "cpu_path": engine.model.cpu_path.describe(),
+        "repack": engine.model.cpu_path.repack,
+    }
+    if args.json:
+        out.write(json.dumps(result) + "\n")
+    else:
+        out.write("\n")
+        out.flush()
+        err.write(_summary_line(result) + "\n")
+    return 0
+
+
+def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:
+    """The ``--show-kept`` page; ``answer`` is the whole answer, its prefix included."""
+    from ..session.kept_html import render_html
+
+    question = getattr(args, "question", "")
+    page = render_html(session.memory_map(), model=model, question=question, answer=answer)
+    try:
+        args.show_kept.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise DocumentError(f"cannot write {args.show_kept}: {exc.strerror or exc}") from None
+
+
+def _info(args: argparse.Namespace, out: TextIO) -> int:
+    monitor = MemoryMonitor()
+    with engine_from_args(args) as engine:
+        info = engine.model.info
+        sample = monitor.sample()
+        if engine.model.device_note:
+            out.write(f"note: {engine.model.device_note}\n")
+        out.write(f"model: {info.name} ({info.arch}) {info.path}\n")
+        out.write(f"llama.cpp: {system_info()}\n")
+        out.write(f"CPU: {engine.model.cpu_path.describe()}\n")
+        out.write(
+            f"layers: {info.n_layer}, heads: {info.n_head} (KV {info.n_head_kv}), "
+            f"trained context: {info.n_ctx_train}, sliding window: {info.n_swa or 'none'}\n"
+        )
+        out.write(f"global layers scored: {list(info.global_layers)}\n")
+        lay = info.kv_layout()
+        out.write(f"KV per token: {lay.cell_bytes / 1024:.1f} KiB (f16, every layer)")
+        if lay.swa_cell_bytes:
+            out.write(
+                f"; {lay.global_cell_bytes / 1024:.1f} KiB in {len(info.global_layers)} global "
+                f"layers, {lay.swa_cell_bytes / 1024:.1f} KiB in {info.n_swa_layers} "
+                f"sliding-window layers, which hold only window + batch cells"
+            )
+        out.write("\n")
+        for n in (8192, 32768):
+            out.write(
+                f"KV for {n:,} tokens: {lay.llama_default(n) / _MB:.1f} MB with llama.cpp's "
+                f"default cache, {lay.full(n) / _MB:.1f} MB with swa_full\n"
+            )
+        out.write(f"process RSS: {sample.rss_bytes / _MB:.0f} MB\n")
+        if sample.gpus:
+            for g in sample.gpus:
+                mine = "" if g.process_bytes is None else f", kvtrim {g.process_bytes / _MB:.0f} MB"
+                out.write(
+                    f"GPU {g.index} {g.name}: {g.used_bytes / _MB:.0f} / "
+                    f"{g.total_bytes / _MB:.0f} MB{mine}\n"
+                )
+        else:
+            out.write(f"GPU: {sample.gpu_note}\n")
+    monitor.close()
+    return 0
+
+
+def _install_sigint(session: Session) -> None:
+    """First Ctrl+C cancels the run cleanly; the default handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(_sig: int, _frame: object) -> None:
+        session.cancel()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:  # a bad option: one line, before any file is read
+        err.write(f"kvtrim: error: {exc}\n")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings become our one line
+    if getattr(args, "verbose", False):
+        logging.getLogger("kvtrim.llama").setLevel(logging.INFO)
+        err.write(f"llama.cpp: {system_info()}\n")
+    try:
+        if args.command == "info":
+            return _info(args, out)
+        if args.command == "models":
+            return models_main(args, out, err)
+        if args.command == "bench":
+            return bench_cli.main(args, out, err)
+        if args.command == "serve":
+            return serve_cli.main(args, out, err)
+        if args.command == "chat":
+            return chat_cli.main(args, out, err)
+        return _run(args, out, err)
+    except Cancelled:
+        err.write("\nkvtrim: cancelled\n")
+        return 130
+    except KvtrimError as exc:
+        err.write(f"kvtrim: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        err.write("\nkvtrim: interrupted\n")
+        return 130
+
+

@@ -1,0 +1,47 @@
+"""``kvtrim models``: the GGUF models LM Studio, Ollama and Hugging Face already
+downloaded to this computer, each usable as ``--model PATH``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from ..native.finder import default_roots, find_models, format_size
+
+
+def add_parser(sub: Any) -> None:
+    """Registers ``models`` on the ``kvtrim`` subcommands."""
+    p = sub.add_parser(
+        "models",
+        help="list the GGUF models LM Studio, Ollama and Hugging Face downloaded here",
+        description="Looks in LM Studio's models folder, Ollama's model store and the "
+        "Hugging Face cache; any path shown works as --model PATH.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+
+
+def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Prints the models found: a table, or a JSON list with ``--json``."""
+    roots = default_roots()
+    models = find_models(roots)
+    if args.json:
+        rows = [
+            {"source": m.source, "name": m.name, "size_bytes": m.size_bytes, "path": str(m.path)}
+            for m in models
+        ]
+        out.write(json.dumps(rows) + "\n")
+        return 0
+    if not models:
+        err.write("no GGUF models found; looked in:\n")
+        for source, path in roots.all():
+            err.write(f"  {source}: {path}\n")
+        return 0
+    source_w = max(len(m.source) for m in models)
+    name_w = max(len(m.name) for m in models)
+    for m in models:
+        out.write(
+            f"{m.source:<{source_w}}  {m.name:<{name_w}}  {format_size(m.size_bytes):>8}  "
+            f"{m.path}\n"
+        )
+    return 0

@@ -1,0 +1,20 @@
+"""What several commands build the same way from their options."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..runtime.engine import Engine
+
+
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    """The model and engine defaults the options name (``info`` has no --threads,
+    ``chat`` no K/V types)."""
+    return Engine(
+        args.model,
+        n_gpu_layers=args.gpu_layers,
+        n_threads=getattr(args, "threads", None),
+        repack=args.repack,
+        kv_type=getattr(args, "kv_type", "f16"),
+        swa_cache=getattr(args, "swa_cache", "window"),
+    )

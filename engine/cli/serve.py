@@ -1,0 +1,193 @@
+"""``kvtrim serve``: the OpenAI-compatible server on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any, TextIO
+
+from ..errors import ConfigError
+from ..native.cpu import REPACK_MODES, requested_mode
+from ..policies import POLICIES, help_lines
+from ..serve.guards import LOOPBACK_HOSTS, WILDCARD_ADDRESSES
+from .options import engine_from_args
+from .types import kv_options
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve /v1/completions and /v1/chat/completions with eviction",
+        description="An OpenAI-compatible server whose KV cache policy is server configuration; "
+        "a request may override it with kv_policy, kv_budget or kv_keep_ratio.",
+    )
+    p.add_argument(
+        "--policy",
+        "--kv-cache-policy",
+        choices=list(POLICIES),
+        default="snapkv",
+        help=f"eviction policy (default: snapkv). {help_lines()}",
+    )
+    p.add_argument(
+        "--budget", type=int, default=2048, metavar="N", help="KV cells kept per request"
+    )
+    p.add_argument(
+        "--keep-ratio",
+        "--h2o-keep-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="keep this fraction of each prompt's tokens (at most --budget)",
+    )
+    p.add_argument(
+        "--max-kv-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the largest kv_budget a request may ask for (default: --budget)",
+    )
+    p.add_argument("--model", default=None, metavar="PATH")
+    p.add_argument("--gpu-layers", type=int, default=0, metavar="N")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--repack",
+        choices=REPACK_MODES,
+        default=None,
+        help="llama.cpp's CPU weight repacking (default: $KVTRIM_REPACK, else auto: off on "
+        "CPUs with AMX, where it crashes)",
+    )
+    kv_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="default: loopback only")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header names NAME (repeatable; '*': any). "
+        "Loopback names and --host are always answered; the check stops DNS rebinding",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("KVTRIM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $KVTRIM_API_KEY, else none)",
+    )
+    p.add_argument("--max-queue", type=int, default=16, metavar="N")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        metavar="N",
+        help="requests decoded together, as sequences of one context (default: 4; 1: one "
+        "at a time)",
+    )
+    p.add_argument(
+        "--kv-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV cells the parallel requests share (default: what one request at the "
+        "largest budget holds: budget x 1.25 + 64)",
+    )
+    p.add_argument(
+        "--share",
+        choices=("length", "even"),
+        default="length",
+        help="split the cells by each request's length (default) or evenly",
+    )
+    p.add_argument(
+        "--kv-layout",
+        choices=("shared", "streams"),
+        default="shared",
+        help="shared: one pool of --kv-cells that requests share by --share (default); "
+        "streams: each request its own --kv-cells/--parallel cells, whose attention then "
+        "spans only its own cells (faster reading on a CPU when several run)",
+    )
+    p.add_argument("--max-prompt-tokens", type=int, default=262_144, metavar="N")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="chat default")
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=16.0,
+        metavar="MB",
+        help="refuse request bodies over this many MiB with 413 (default: 16)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        metavar="N",
+        help="open connections at most; more get 503 (default: 64)",
+    )
+
+
+def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...]:
+    """Host header names the server answers to: loopback, ``host`` unless it
+    is a wildcard address, and ``extra``."""
+    named = [] if host in WILDCARD_ADDRESSES else [host]
+    return (*LOOPBACK_HOSTS, *named, *extra)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """What ``ServerConfig`` does not hold; raises ``ConfigError``."""
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+    if args.gpu_layers < -1:
+        raise ConfigError(f"--gpu-layers must be -1 (all) or more, got {args.gpu_layers}")
+    if not (math.isfinite(args.max_body_mb) and args.max_body_mb > 0):
+        raise ConfigError(f"--max-body-mb must be a positive number, got {args.max_body_mb}")
+    if args.max_connections < 1:
+        raise ConfigError(f"--max-connections must be at least 1, got {args.max_connections}")
+
+
+def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Checks every option, then loads the model and serves until stopped."""
+    import uvicorn
+
+    from ..serve.api import create_app
+    from ..serve.background import Server
+    from ..serve.config import ServerConfig
+
+    check_options(args)
+    config = ServerConfig(
+        policy=args.policy,
+        budget_tokens=args.budget,
+        keep_ratio=args.keep_ratio,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens=args.max_tokens,
+        max_kv_budget=args.max_kv_budget,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        parallel=args.parallel,
+        kv_cells=args.kv_cells,
+        share=args.share,
+        layout=args.kv_layout,
+    )
+    requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
+    with engine_from_args(args) as engine:
+        if engine.model.device_note:
+            err.write(f"note: {engine.model.device_note}\n")
+        if args.host not in LOOPBACK_HOSTS and not args.api_key:
+            err.write(f"warning: serving on {args.host} without --api-key\n")
+        if args.host in WILDCARD_ADDRESSES and not args.allowed_host:
+            err.write("note: only loopback Host names are answered; name others --allowed-host\n")
+        err.write(
+            f"kvtrim: {engine.model_name} on http://{args.host}:{args.port}/v1 "
+            f"(policy {args.policy}, budget {args.budget}, {args.parallel} in parallel "
+            f"sharing {config.pool_cells} KV cells); metrics at /metrics\n"
+        )
+        app = create_app(engine, config)
+        settings = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            limit_concurrency=args.max_connections,
+        )
+        Server(settings, on_shutdown=app.state.on_shutdown).run()
+    return 0

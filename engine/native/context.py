@@ -1,0 +1,266 @@
+"""The native llama.cpp context: creation, decode and KV edits.
+
+A thin owner of native handles: C return codes become exceptions here, and the
+eval and abort callbacks are kept alive as long as the context is. One context
+holds one session's sequence 0, or (``n_seq_max > 1``, see pool.py) several
+sequences in one shared pool of cells (llama.cpp's ``kv_unified``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Sequence
+
+import llama_cpp
+import numpy as np
+from llama_cpp import _internals
+
+from ..errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
+from . import _ggml
+from .capture import AttentionCapture, Captured, Segment
+from .kvmemory import KV_TYPES, swa_cells
+from .model import Model
+
+SEQ = 0
+
+
+class NativeContext:
+    """One llama.cpp context with a cache of ``n_ctx`` cells for ``n_seq_max``
+    sequences (one pool of cells shared by all of them)."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        capture: AttentionCapture | None,
+        flash_attn: bool | None = None,
+        swa_full: bool = False,
+        type_k: int = KV_TYPES["f16"],
+        type_v: int = KV_TYPES["f16"],
+        cancel_event: threading.Event | None = None,
+        n_seq_max: int = 1,
+        kv_unified: bool = True,
+    ) -> None:
+        """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
+        batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
+        (a quantized V needs flash attention)."""
+        self.model = model
+        self.cancel_event = cancel_event or threading.Event()
+        self.settings = {
+            "n_batch": n_batch,
+            "n_threads": n_threads,
+            "capture": capture,
+            "flash_attn": flash_attn,
+            "swa_full": swa_full,
+            "type_k": type_k,
+            "type_v": type_v,
+            "cancel_event": self.cancel_event,
+            "n_seq_max": n_seq_max,
+            "kv_unified": kv_unified,
+        }
+        self.n_seq_max = n_seq_max
+        self.capture = capture
+        self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        # one pool (a sequence takes only the cells it uses), or one KV stream of
+        # n_ctx / n_seq_max cells per sequence (docs/multiseq.md)
+        params.kv_unified = kv_unified
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.swa_full = swa_full
+        params.type_k = type_k
+        params.type_v = type_v
+        params.no_perf = True
+        if flash_attn is not None:
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flash_attn
+                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        if capture is not None:
+            # the attention probabilities exist only without flash attention
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            params.cb_eval = capture.c_callback
+            params.cb_eval_user_data = None
+        params.abort_callback = self._abort_cb
+        params.abort_callback_data = None
+        try:
+            self._ctx = _internals.LlamaContext(model=model.native, params=params, verbose=False)
+        except ValueError as exc:
+            raise OutOfMemoryError(
+                f"could not allocate a KV cache of {n_ctx} cells; try a smaller --budget"
+            ) from exc
+        self.n_ctx = self._ctx.n_ctx()
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
+        self.kv_unified = kv_unified
+        self.n_batch = n_batch
+        info = model.info
+        self.swa_cells = (
+            0
+            if not info.n_swa_layers
+            else self.n_ctx
+            if swa_full
+            else swa_cells(self.n_ctx, info.n_swa, n_batch, n_seq_max)
+            if kv_unified
+            else swa_cells(self.n_ctx_seq, info.n_swa, n_batch) * n_seq_max
+        )
+        self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
+        self.n_vocab = model.info.n_vocab
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        *,
+        logits: bool,
+        every: bool = False,
+        capture: Segment | None = None,
+        seq: int = SEQ,
+    ) -> Captured | None:
+        """Decode ``tokens`` of sequence ``seq`` at positions ``pos0...``; logits for
+        the last one if asked (for every one with ``every``). ``capture``: the
+        attention to keep (its ``start``/``stop`` are ignored: all the rows)."""
+        n = len(tokens)
+        entries = [(seq, tok, pos0 + i, every) for i, tok in enumerate(tokens)]
+        if n:
+            entries[-1] = (seq, tokens[-1], pos0 + n - 1, logits or every)
+        if capture is None:
+            self.decode_batch(entries)
+            return None
+        seg = Segment(0, n, capture.rows, capture.visibility)
+        return self.decode_batch(entries, [seg])[0]
+
+    def decode_batch(
+        self,
+        entries: Sequence[tuple[int, int, int, bool]],
+        segments: Sequence[Segment] = (),
+        n_streams: int = 1,
+    ) -> list[Captured]:
+        """Decode ``(seq, token, position, wants_logits)`` entries in one
+        ``llama_decode``; capture the attention of ``segments`` (rows of the batch,
+        or with ``n_streams`` > 1 of each stream: see capture.py)."""
+        n = len(entries)
+        if not 0 < n <= self.n_batch:
+            raise EngineError(f"decode of {n} tokens does not fit a batch of {self.n_batch}")
+        b = self._batch.batch
+        b.n_tokens = n
+        for i, (seq, tok, pos, out) in enumerate(entries):
+            if not 0 <= seq < self.n_seq_max:
+                raise EngineError(f"sequence {seq} is outside 0..{self.n_seq_max - 1}")
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = out
+        if self.cancel_event.is_set():
+            raise Cancelled("cancelled")
+        if segments:
+            if self.capture is None:
+                raise EngineError("this context was made without attention capture")
+            self.capture.arm(n // n_streams, segments, n_streams)
+        rc = llama_cpp.llama_decode(self._ctx.ctx, b)
+        got = self.capture.take() if segments and self.capture is not None else []
+        if rc == 0:
+            return got
+        if rc == 2:
+            raise Cancelled("cancelled")
+        if rc == 1:
+            raise CacheFullError("no free KV cell for the batch (the cache is full)")
+        if rc == -2:
+            raise OutOfMemoryError(
+                "llama.cpp ran out of memory while decoding; try a smaller budget"
+            )
+        raise EngineError(f"llama_decode failed with code {rc}")
+
+    def busy(self) -> contextlib.AbstractContextManager[object]:
+        """Held around a session's CPU work between decodes; alone, nothing to share."""
+        return contextlib.nullcontext()
+
+    @property
+    def n_cells(self) -> int:
+        """Cells of one sequence's cache (the columns of the attention tensor)."""
+        return self.n_ctx if self.kv_unified else self.n_ctx_seq
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """Logits of batch entry ``i`` of the last decode (it must have asked)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, i)
+        if not ptr:
+            raise EngineError(f"no logits for batch entry {i}")
+        buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
+
+    def last_logits(self) -> np.ndarray:
+        """Logits of the last decoded token that asked for them (float32, n_vocab)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+        if not ptr:
+            raise EngineError("no logits available")
+        buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
+
+    def logits_rows(self, n: int) -> np.ndarray:
+        """Logits of the last decode's ``n`` output rows (float32, ``(n, n_vocab)``)."""
+        ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
+        if not ptr:
+            raise EngineError("no logits available")
+        size = n * self.n_vocab
+        buf = (ctypes.c_float * size).from_address(ctypes.addressof(ptr.contents))
+        return np.frombuffer(buf, dtype=np.float32, count=size).reshape(n, self.n_vocab).copy()
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:  # llama.cpp asserts (aborts) on a bad id
+            raise EngineError(f"sequence {seq} is outside 0..{self.n_seq_max - 1}")
+
+    def seq_rm(self, p0: int, p1: int, seq: int = SEQ) -> None:
+        """Remove positions ``[p0, p1)`` (p1 < 0: to the end) from every layer."""
+        self._check_seq(seq)
+        if not self._ctx.kv_cache_seq_rm(seq, p0, p1):
+            raise EngineError(f"llama.cpp refused to remove positions {p0}..{p1}")
+
+    def seq_shift(self, p0: int, p1: int, delta: int, seq: int = SEQ) -> None:
+        """Add ``delta`` to positions in ``[p0, p1)``; RoPE is re-applied later."""
+        self._check_seq(seq)
+        self._ctx.kv_cache_seq_shift(seq, p0, p1, delta)
+
+    def pos_max(self, seq: int = SEQ) -> int:
+        self._check_seq(seq)
+        return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, seq))
+
+    def resized(self, n_ctx: int) -> NativeContext:
+        """A new, empty context of ``n_ctx`` cells with the same settings (and the same
+        cancel event, so a cancel during the swap is not lost)."""
+        return NativeContext(self.model, n_ctx=n_ctx, **self.settings)  # type: ignore[arg-type]
+
+    def save_seq(self) -> bytes:
+        """The sequence's cells (positions, K and V) as llama.cpp serializes them.
+
+        Pending position shifts are not applied by the save: call it only after a
+        decode, never between ``seq_shift`` and the next decode."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, SEQ)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, SEQ)
+        if got == 0 and size:
+            raise EngineError("llama.cpp could not save the sequence's cache")
+        return ctypes.string_at(buf, got)  # one copy (slicing would build a list of ints)
+
+    def load_seq(self, data: bytes) -> None:
+        """Put a saved sequence into this (empty) context: its cells land in cells
+        0..n-1 in the order they had in the old cache (llama.cpp's ``state_read``)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(data), SEQ):
+            raise EngineError("llama.cpp could not restore the sequence into the larger cache")
+
+    def clear(self) -> None:
+        self._ctx.kv_cache_clear()
+
+    def close(self) -> None:
+        self._batch.close()
+        self._ctx.close()

