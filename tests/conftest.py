@@ -1,8 +1,15 @@
-"""Shared fixtures: one real default model for the whole run."""
+"""Shared fixtures: one real default model for the whole run; the fast tier.
+
+``pytest -m "not slow"`` runs the tests of pure logic only. A test is ``slow`` when
+it uses a fixture that holds the real model (``SLOW_FIXTURES``) or is marked so;
+in the fast tier a test that loads a model anyway fails with a line saying so
+(llama.cpp refuses a real model file, in this process and in its children:
+tests/fastguard), so the marks cannot fall behind the tests."""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -34,3 +41,56 @@ def engine() -> Engine:
     eng = Engine(**engine_variant())
     yield eng
     eng.close()
+
+
+SLOW_FIXTURES = frozenset(
+    {
+        "engine",
+        "quick",
+        "pool",
+        "server",
+        "client",
+        "unevicted",
+        "conversation_doc",
+        "text_tags",
+        "tiny_models",
+    }
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: loads the real model or runs the benchmark")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _fast_tier(config: pytest.Config) -> bool:
+    expr = (config.option.markexpr or "").replace(" ", "")
+    return "notslow" in expr
+
+
+@pytest.fixture(autouse=True)
+def _no_model_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """In the fast tier, a test that is not marked slow may not load a model."""
+    if request.node.get_closest_marker("slow") or not _fast_tier(request.config):
+        yield
+        return
+    from llama_cpp import _internals
+
+    here = os.path.join(os.path.dirname(__file__), "fastguard")
+    monkeypatch.setattr(_internals, "LlamaModel", _internals.LlamaModel)  # undone after
+    sys.path.insert(0, here)
+    try:
+        import sitecustomize as guard
+    finally:
+        sys.path.remove(here)
+    guard.install()
+    monkeypatch.setenv("KVTRIM_FAST_TIER", "1")
+    paths = [here, os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    yield
+

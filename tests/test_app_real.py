@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import pytest
 from docs_for_tests import prose
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
@@ -38,6 +39,7 @@ def _window(qtbot, tmp_path, settings: Settings) -> MainWindow:
     return w
 
 
+@pytest.mark.slow
 def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text(prose(40, seed=7))
@@ -93,6 +95,7 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     w.close()
 
 
+@pytest.mark.slow
 def test_real_model_drop_summary_then_details_brought_back(qtbot, tmp_path):
     """The app's main path: drop a document, read its summary, ask about a detail the
     summary's compression evicted; the follow-up brings it back and shows that."""

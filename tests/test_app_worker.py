@@ -161,6 +161,7 @@ def test_a_bad_model_is_a_message_and_the_worker_recovers(qtbot, worker_thread):
         wt.requests.load_model.emit(None, 0, None)
 
 
+@pytest.mark.slow
 def test_real_model_answers_through_the_worker(qtbot, worker_thread):
     wt = worker_thread(None)
     with qtbot.waitSignal(wt.results.model_loaded, timeout=60_000) as loaded:

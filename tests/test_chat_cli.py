@@ -58,6 +58,7 @@ def _chat(argv: list[str], stdin: str = "") -> tuple[int, list[dict], str]:
     return code, [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
 
 
+@pytest.mark.slow
 def test_script_on_stdin_prints_a_json_line_per_turn_and_per_bad_line(short_doc):
     lines = [
         '{"summarize": true}',
@@ -84,6 +85,7 @@ def test_script_on_stdin_prints_a_json_line_per_turn_and_per_bad_line(short_doc)
     assert answer["tokens_seen"] > summary["tokens_seen"]
 
 
+@pytest.mark.slow
 def test_follow_up_after_eviction_brings_back_the_planted_fact(tmp_path):
     doc = tmp_path / "haystack.txt"
     doc.write_text(prose(8, seed=3) + " The pass key is 48213. Remember it. " + prose(50, seed=5))
@@ -195,6 +197,7 @@ def test_interactive_survives_stopped_turns_and_answers_the_next(engine, tmp_pat
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pty")
+@pytest.mark.slow
 def test_terminal_session_in_a_pty(short_doc, tmp_path):
     """The real prompt: readline, a streamed answer, Ctrl+D quits, history saved."""
     import pty

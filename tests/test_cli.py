@@ -49,6 +49,7 @@ def notes(tmp_path: Path) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_ask_json_has_every_figure(notes):
     code, out, err = _run(
         "ask",
@@ -74,6 +75,7 @@ def test_ask_json_has_every_figure(notes):
     assert result["gpu"].startswith("no NVIDIA GPU")
 
 
+@pytest.mark.slow
 def test_summarize_prints_answer_and_summary_line(notes):
     code, out, err = _run(
         "summarize", str(notes), "--policy", "h2o", "--budget", "256", "--max-tokens", "12"
@@ -83,6 +85,7 @@ def test_summarize_prints_answer_and_summary_line(notes):
     assert err.count("\n") == 1 and "[h2o budget=256]" in err and "tok/s" in err
 
 
+@pytest.mark.slow
 def test_info_reports_model_and_memory():
     out = io.StringIO()
     assert main(["info"], out=out) == 0
@@ -149,7 +152,9 @@ def test_bad_document_gives_one_line_error(tmp_path, case):
         (["--budget", "20"], "too small"),
         (["--budget", "4"], "at least"),
         (["--chunk", "3"], "chunk"),
-        (["--policy", "full", "--budget", "64"], "does not fit"),
+        pytest.param(
+            ["--policy", "full", "--budget", "64"], "does not fit", marks=pytest.mark.slow
+        ),
         (["--temperature", "-1"], "temperature"),
     ],
 )
@@ -159,6 +164,7 @@ def test_bad_settings_give_one_line_error(notes, argv, message):
     assert err.startswith("kvtrim: error:") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_batch_summarize_writes_one_file_each_and_skips_bad_ones(tmp_path):
     docs = tmp_path / "docs"
     (docs / "more").mkdir(parents=True)
@@ -185,6 +191,7 @@ def test_batch_summarize_writes_one_file_each_and_skips_bad_ones(tmp_path):
     assert tokens > 256  # read past the budget, evicting
 
 
+@pytest.mark.slow
 def test_batch_summarize_json(tmp_path):
     (tmp_path / "a.txt").write_text(prose(15, seed=4))
     out = io.StringIO()
@@ -194,6 +201,7 @@ def test_batch_summarize_json(tmp_path):
     assert row["error"] is None and row["prompt_tokens"] > 0 and 0 < row["retention"] <= 1
 
 
+@pytest.mark.slow
 def test_show_kept_writes_a_self_contained_page(tmp_path):
     from html.parser import HTMLParser
 

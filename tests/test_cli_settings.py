@@ -195,6 +195,7 @@ def test_every_run_option_is_read_into_the_settings():
     assert settings.answer_prefix == "In short," and settings.answer(" text ") == "In short, text"
 
 
+@pytest.mark.slow
 def test_a_real_batch_with_options(tmp_path):
     """The real engine takes every keyword; the summary starts with the prefix."""
     doc = tmp_path / "a.txt"

@@ -59,6 +59,7 @@ def test_on_off_and_environment_override(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.slow
 def test_repack_setting_reaches_llama_cpp(mode, caplog):
     """llama.cpp logs a CPU_REPACK weight buffer only when repacking is allowed."""
     caplog.set_level(logging.INFO, logger="kvtrim.llama")
@@ -98,6 +99,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_segfault_mid_answer_leaves_a_log_and_the_history(tmp_path, monkeypatch):
     crashes = tmp_path / "crashes"
     env = {**os.environ, "KVTRIM_CRASH_DIR": str(crashes)}
@@ -133,6 +135,7 @@ def test_segfault_mid_answer_leaves_a_log_and_the_history(tmp_path, monkeypatch)
     ]
 
 
+@pytest.mark.slow
 def test_verbose_command_line_reports_the_crash_once(tmp_path):
     crashes = tmp_path / "crashes"
     crashes.mkdir()
@@ -168,6 +171,7 @@ def test_plain_llama_reference_follows_the_same_rule(engine, caplog):
     assert llama_cpp.llama_model_default_params().use_extra_bufts  # restored
 
 
+@pytest.mark.slow
 def test_info_and_json_say_which_cpu_path_runs(tmp_path):
     import io
     import json

@@ -104,6 +104,7 @@ def test_self_test_takes_a_model_and_gpu_layers(tiny_models, capsys):
         main(["--self-test", "--gpu-layers", "many"])
 
 
+@pytest.mark.slow
 def test_check_dry_run_end_to_end(tmp_path):
     """scripts/gpu/check.sh --dry-run: tiny models, no GPU layers, every file written."""
     import json

@@ -220,6 +220,7 @@ def test_cancel_from_another_thread_in_a_loop(engine):
             assert not t.is_alive() and (not raised or isinstance(raised[0], Cancelled))
 
 
+@pytest.mark.slow
 def test_switching_models_frees_memory():
     """Five load-use-close cycles: RSS falls back after each close and does not grow."""
     closed = []
@@ -235,6 +236,7 @@ def test_switching_models_frees_memory():
     assert closed[-1] < closed[1] + 16 * 2**20, [c >> 20 for c in closed]
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_allocated_is_a_clear_message(tmp_path):
     """Under a 1.5 GB address-space limit, a 24,000-token budget with every layer at full
     length (30,208 cells, 531 MB of KV on top of the model and libraries) cannot be

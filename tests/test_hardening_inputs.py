@@ -350,6 +350,7 @@ def _two_notes(tmp_path: Path) -> Path:
     return docs
 
 
+@pytest.mark.slow
 def test_same_named_files_in_subfolders_get_their_own_summaries(tmp_path):
     docs, out_dir = _two_notes(tmp_path), tmp_path / "out"
     code, table, err = _run("summarize", str(docs), "--out", str(out_dir), "--max-tokens", "4")
@@ -361,6 +362,7 @@ def test_same_named_files_in_subfolders_get_their_own_summaries(tmp_path):
     assert not [p for p in out_dir.rglob(".*")], "no temporary files left"
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_finished_summaries_and_is_one_line(tmp_path, monkeypatch):
     docs, out_dir = _two_notes(tmp_path), tmp_path / "out"
     real_fsync = os.fsync

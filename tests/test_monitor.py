@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
+
 from engine.native.monitor import MemoryMonitor
 
 
@@ -99,6 +101,7 @@ def test_engine_never_imports_qt():
         assert "PySide6" not in text and "PyQt" not in text, path
 
 
+@pytest.mark.slow
 def test_gpu_layers_without_gpu_support_run_on_the_cpu_with_a_note():
     from engine import Engine, Session
 

@@ -432,6 +432,7 @@ def test_report_of_json_records(tmp_path):
     assert "| full | 100% | - |" in ruler_report.markdown(result, [])
 
 
+@pytest.mark.slow
 def test_real_ruler_quick(tmp_path):
     """``kvtrim bench --ruler --quick`` on the default model (about a minute)."""
     out = io.StringIO()
