@@ -17,6 +17,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine import Cancelled, Done, Engine, KvtrimError, Session, Token
+from engine.runtime.chat import turn_events
 from engine.runtime.spec import RequestSpec
 from engine.stats import Event
 
@@ -167,29 +168,33 @@ class EngineWorker(QObject):
             self.busy.emit(False)
 
     def _start(self, job: Job) -> tuple[Session, Iterator[Event]]:
+        """The chat's session when this job continues it (same settings, same turns),
+        else a fresh one; ``turn_events`` decides follow-up or first read."""
         spec = job.spec
-        gen: dict[str, Any] = {"max_tokens": spec.max_tokens, "sampling": spec.sampling}
         chat = self._chat
-        if (
+        continues = (
             job.kind == "ask"
             and not job.fresh
             and chat is not None
             and chat.key == job.key()
             and chat.turns == len(job.history)
-        ):
-            prefix = spec.answer_prefix
-            return chat.session, chat.session.follow_up(job.question, answer_prefix=prefix, **gen)
-        self._drop_chat()
-        session = spec.open(self._engine)
-        if job.kind == "summarize":
-            return session, session.summarize(job.document, system=job.system, **gen)
-        return session, session.ask(
-            job.transcript(),
-            job.question,
-            system=job.system,
-            answer_prefix=spec.answer_prefix,
-            **gen,
         )
+        if continues:
+            assert chat is not None
+            session = chat.session
+        else:
+            self._drop_chat()
+            session = spec.open(self._engine)
+        _, events = turn_events(
+            session,
+            job.transcript() if job.kind == "ask" else job.document,
+            job.question if job.kind == "ask" else None,
+            answer_prefix=spec.answer_prefix,
+            system=job.system,
+            max_tokens=spec.max_tokens,
+            sampling=spec.sampling,
+        )
+        return session, events
 
     def _send_map(self, session: Any) -> None:
         """What the cache holds, computed here where the session lives."""

@@ -27,6 +27,11 @@ class FakeSession:
         self.calls: list[tuple[str, str]] = []  # (method, text read)
         self.gen: list[dict] = []  # the options of each call
         self.closed = False
+        self.read = False  # a first read finished: follow-ups continue it
+
+    @property
+    def can_follow_up(self) -> bool:
+        return self.read
 
     def cancel(self) -> None:
         self.stop.set()
@@ -42,6 +47,7 @@ class FakeSession:
             time.sleep(self.delay)
             yield Progress(i + 1, self.steps, _stats())
         yield Token(1, "forty-two", _stats())
+        self.read = True
         yield Done("forty-two", "stop", _stats())
 
     def ask(self, document, question, **gen):

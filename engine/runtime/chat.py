@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,33 @@ from ..stats import Done, Event, KVStats, Recalled, Token
 
 EXCERPT_CHARS = 200  # recalled excerpts are cut to this many characters in records
 _MB = 1024 * 1024
+
+
+def turn_events(
+    session: Session,
+    document: str,
+    question: str | None,
+    *,
+    answer_prefix: str = "",
+    system: str = "",
+    stops: Sequence[str] | None = None,
+    **gen: Any,
+) -> tuple[bool, Iterator[Event]]:
+    """The one rule of a conversation's turn: a session that holds the document
+    (``can_follow_up``) continues it with a follow-up; any other reads the document
+    and asks ``question`` or, for None, summarizes. Returns whether the document is
+    read, and the events. ``answer_prefix`` applies to questions only."""
+    prefix = answer_prefix if question else ""
+    if session.can_follow_up:
+        instruction = question or SUMMARY_INSTRUCTION
+        return False, session.follow_up(
+            instruction, answer_prefix=prefix, stops=stops or (), **gen
+        )
+    if question is None:
+        return True, session.summarize(document, system=system, stops=stops, **gen)
+    return True, session.ask(
+        document, question, answer_prefix=prefix, system=system, stops=stops, **gen
+    )
 
 
 @dataclass(frozen=True)
@@ -100,18 +127,10 @@ class Chat:
             answer_prefix = self.answer_prefix
         prefix = answer_prefix if question else ""
         session = self.session
-        reads = not session.can_follow_up
         gen: dict[str, Any] = {"max_tokens": self.max_tokens, "sampling": self.sampling}
-        if reads and question is None:
-            events = session.summarize(self.document, stops=self.stops, **gen)
-        elif reads:
-            events = session.ask(
-                self.document, question, answer_prefix=prefix, stops=self.stops, **gen
-            )
-        else:
-            events = session.follow_up(
-                question or SUMMARY_INSTRUCTION, answer_prefix=prefix, stops=self.stops or (), **gen
-            )
+        reads, events = turn_events(
+            session, self.document, question, answer_prefix=prefix, stops=self.stops, **gen
+        )
         start = time.perf_counter()
         parts: list[str] = []
         excerpts: tuple[str, ...] = ()
