@@ -345,8 +345,33 @@ def test_run_records_every_item(tmp_path):
     assert ruler_report.markdown(result, [])
 
 
+def test_a_run_can_take_the_full_cache_from_an_earlier_run(tmp_path):
+    cfg = ruler.RulerConfig.quick()
+    cfg.lengths = [1000]
+    first = ruler.run(cfg, FakeEngine(n_ctx_train=2048), tmp_path / "a", print, "first")
+    args = parse_args(["bench", "--ruler", "--quick", "--lengths", "1000"])
+    args.reference = tmp_path / "a" / "ruler.json"
+    again = bench_cli._ruler_config(args)
+    assert all(policy != "full" for policy, _, _ in again.settings)
+    engine = FakeEngine(n_ctx_train=2048)
+    second = ruler.run(again, engine, tmp_path / "b", print, "second")
+    assert all(policy != "full" for policy, _, _ in engine.opened), "not run again"
+    old = [r for r in first["records"] if r["policy"] == "full"]
+    new = [r for r in second["records"] if r["policy"] == "full"]
+    assert len(new) == len(old) == 4
+    assert all(r["reused_from"] == str(args.reference) for r in new)
+    assert [r["expected"] for r in new] == [r["expected"] for r in old]
+    again.seed = 1
+    with pytest.raises(ConfigError, match="another seed"):
+        ruler.run(again, engine, tmp_path / "c", print, "third")
+
+
 def _rec(policy, budget, positions, length, task, score, **extra):
+    n_values = round(1 / score) if score else 1  # the answer holds the first whole
+    expected = [f"{i}234567" for i in range(1, n_values + 1)]
     rec = {
+        "expected": expected,
+        "answer": f"{expected[0]}." if score else "",
         "task": task,
         "haystack": "essay",
         "length": length,
@@ -404,8 +429,9 @@ def test_report_tables(tmp_path):
     assert "## Per task at 4,096 tokens (the longest)" in md
     assert "| setting | niah_single | niah_multikey |" in md
     assert "| snapkv 1024 compact | 50% | 0% |" in md
-    assert "| snapkv 1024 compact | 4 | 1 | 0 | 0 |" in md, "runaway count"
-    assert "| snapkv 1024 original | 2 | 0 | 0 | 1 |" in md, "error count"
+    assert "| snapkv 1024 compact | 4 | 1 | 0 | 0 | 0 |" in md, "runaway count"
+    assert "| snapkv 1024 original | 2 | 0 | 0 | 0 | 1 |" in md, "error count"
+    assert "## Whole-value accuracy by length" in md
     assert "![ruler.png](ruler.png)" in md
     assert "met: full cache: niah_single" in md
     assert (tmp_path / "ruler.png").stat().st_size > 1000
@@ -414,7 +440,8 @@ def test_report_tables(tmp_path):
             "full cache: niah_single found at every length it fits (2,048 tokens)",
             "1/1",
             True,
-        )
+        ),
+        ("no answer runs to the token limit repeating itself", "1", False),
     ]
 
 
@@ -423,7 +450,55 @@ def test_report_without_a_full_reference(tmp_path):
     result["records"] = [r for r in result["records"] if r["policy"] != "full"]
     md = ruler_report.markdown(result, [])
     assert "full-cache reference" not in md and "(the longest)" in md
-    assert ruler_report.targets(result) == []
+    assert [ok for *_, ok in ruler_report.targets(result)] == [False], "only the runaway one"
+
+
+def test_whole_score_counts_a_value_only_as_a_whole_number():
+    assert ruler.whole_score("niah_single", "The number is 1234567.", ["1234567"]) == 1.0
+    assert ruler.whole_score("niah_single", "12345670234.", ["1234567"]) == 0.0
+    assert ruler.score("niah_single", "12345670234.", ["1234567"]) == 1.0, "RULER's counts it"
+    assert ruler.whole_score("niah_multivalue", "1111111, 22222229", ["1111111", "2222222"]) == 0.5
+    assert ruler.whole_score("variable_tracking", "abcde and FGHIJK", ["ABCDE", "FGHIJ"]) == 0.5
+    with pytest.raises(ConfigError):
+        ruler.whole_score("qa", "x", ["x"])
+
+
+def _issue_27(default_scores, past_scores):
+    """Records for issue 27's targets: the full cache and the default setting at
+    8K and 16K on two haystacks, and the default alone at 64K."""
+    default = ruler_report.default_setting()
+    records = []
+    for (n, task, hay), value in default_scores.items():
+        records.append(_rec("full", None, "original", n, task, 1.0, haystack=hay))
+        records.append(_rec(*default, n, task, value, haystack=hay))
+    for task, value in past_scores.items():
+        records.append(_rec(*default, 65536, task, value))
+    return {**_result(), "records": records}
+
+
+def test_issue_27_targets_met():
+    cells = {(n, t, h): 1.0 for n in (8192, 16384) for t in ("niah_single",) for h in ("a", "b")}
+    found = ruler_report.targets(_issue_27(cells, {"niah_single": 1.0}))
+    assert [ok for *_, ok in found] == [True, True, True, True]
+    assert "within 5 points" in found[1][0] and "worst +0 points" in found[1][1]
+    assert "past the trained context (32,768 tokens)" in found[2][0] and found[2][1].startswith(
+        "worst 100%"
+    )
+
+
+def test_issue_27_targets_missed_name_the_worst_cell():
+    cells = {(n, "niah_single", h): 1.0 for n in (8192, 16384) for h in ("a", "b")}
+    cells[(16384, "niah_single", "b")] = 0.0  # b: mean 50 points behind over 8K-16K
+    found = ruler_report.targets(_issue_27(cells, {"niah_single": 0.5}))
+    assert found[1][2] is False and found[1][1] == "worst +50 points behind (niah_single, b)"
+    assert found[2][2] is False and found[2][1] == "worst 50% (niah_single)"
+
+
+def test_ran_on_counts_a_value_found_only_inside_a_longer_number():
+    ran = _rec("snapkv", 1024, "bounded", 4096, "niah_single", 1.0, answer="12345670234.")
+    clean = _rec("snapkv", 1024, "bounded", 4096, "niah_single", 1.0)
+    assert ruler_report.ran_on(ran) and not ruler_report.ran_on(clean)
+    assert ruler_report.whole(ran) == 0.0 and ruler_report.whole(clean) == 1.0
 
 
 def test_report_of_json_records(tmp_path):

@@ -15,7 +15,9 @@ found in the answer (case-insensitive substring). Units: tokens, seconds, bytes.
 from __future__ import annotations
 
 import itertools
+import json
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -310,6 +312,18 @@ def score(task: str, answer: str, expected: Sequence[str]) -> float:
     return sum(value.lower() in low for value in expected) / len(expected)
 
 
+def whole_score(task: str, answer: str, expected: Sequence[str]) -> float:
+    """Stricter than RULER's match: a value counts only as a whole token of the
+    answer, not inside a longer run of digits or letters ("7490734" is not found in
+    "74907340734": a user reads the longer number). 0..1."""
+    if task not in NEEDLES:
+        raise ConfigError(f"unknown task {task!r}")
+    if not expected:
+        return 0.0
+    pieces = {m.lower() for m in re.findall(r"[0-9]+|[A-Za-z]+", answer)}
+    return sum(value.lower() in pieces for value in expected) / len(expected)
+
+
 def repeats_to_the_end(text: str, *, min_chars: int = 8, max_period: int = 16) -> bool:
     """Whether ``text`` ends in one piece of 1..``max_period`` characters repeated at
     least 4 times and over ``min_chars`` characters (trailing whitespace aside): how a
@@ -352,6 +366,7 @@ class RulerConfig:
     )
     max_tokens: int = 32
     seed: int = 0
+    reference: str | None = None  # an earlier ruler.json whose full-cache records are reused
 
     @classmethod
     def quick(cls) -> RulerConfig:
@@ -437,6 +452,7 @@ def ask(
     rec.update(
         error=None,
         score=score(item.task, result.text, needles.expected),
+        whole_score=whole_score(item.task, result.text, needles.expected),
         answer=result.text.strip(),
         reason=result.reason,
         runaway=result.reason == "length" and repeats_to_the_end(result.text),
@@ -456,6 +472,24 @@ def fits_full(engine: Engine, item: Item, n_doc: int) -> bool:
     return pad(_full_budget(engine, item, n_doc)) < engine.model.info.n_ctx_train
 
 
+def _reference(cfg: RulerConfig) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The full cache's records of ``cfg.reference`` by item (length, task, haystack,
+    depth, trial); the run must have used the same seed, so the items are the same."""
+    if cfg.reference is None:
+        return {}
+    try:
+        earlier = json.loads(Path(cfg.reference).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the reference run {cfg.reference}: {exc}") from None
+    if earlier.get("config", {}).get("seed") != cfg.seed:
+        raise ConfigError(f"the reference run {cfg.reference} used another seed")
+    return {
+        (r["length"], r["task"], r["haystack"], r["depth"], r["trial"]): r
+        for r in earlier.get("records", [])
+        if keeps_all(r["policy"])
+    }
+
+
 def run(
     cfg: RulerConfig,
     engine: Engine,
@@ -470,9 +504,13 @@ def run(
     records.result["haystack_sources"] = {h: haystack_source(h) for h in cfg.haystacks}
     records.result["n_ctx_train"] = engine.model.info.n_ctx_train
     docs = cfg.documents()
+    reused = _reference(cfg)
     for i, (length, task, name, depth, trial) in enumerate(docs, start=1):
         item = make_item(engine.model, task, name, length, depth, trial, cfg.seed)
         n_doc = len(engine.model.tokenize(item.document))
+        full = reused.get((length, task, name, depth, trial))
+        if full is not None and full["expected"] == item.needles.expected:
+            records.emit({**full, "reused_from": cfg.reference})
         for setting in cfg.settings:
             policy, budget, positions = setting
             if keeps_all(policy) and not fits_full(engine, item, n_doc):

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from ..bench import report
 from ..bench.runner import BenchConfig, run, steps_total
 from ..errors import ConfigError
-from ..policies import POLICIES, evicts
+from ..policies import POLICIES, evicts, keeps_all
 
 
 def _csv(text: str) -> list[str]:
@@ -97,7 +97,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--positions",
         type=_csv,
         default=None,
-        help="with --ruler: which of compact,original (default: both)",
+        help="with --ruler: which of compact,original,bounded (default: all)",
+    )
+    p.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        metavar="RULER.JSON",
+        help="with --ruler: take the full cache's records from an earlier run of the same "
+        "items (same seed) instead of running it again; the full cache evicts nothing, so "
+        "changes to eviction cannot move it",
     )
     p.add_argument(
         "--concurrency",
@@ -301,6 +310,9 @@ def _ruler_config(args: argparse.Namespace) -> Any:
         cfg.settings = ruler.grid(
             args.policies or cfg.part(0), budgets, args.positions or cfg.part(2)
         )
+    if args.reference is not None:
+        cfg.settings = [x for x in cfg.settings if not keeps_all(x[0])]
+        cfg.reference = str(args.reference)
     cfg.check()
     return cfg
 
