@@ -17,6 +17,7 @@ import numpy as np
 from .cells import EMPTY, CellMap
 from .context import SequenceContext
 
+CLOSE_WORDS = True  # the punctuation closing a word is kept with it (tests/test_whole_words.py)
 MAX_WORD_TOKENS = 16  # a longer run (a URL, a hash, text without spaces) is cut here
 
 
@@ -51,14 +52,17 @@ class KVCache:
     def n_used(self) -> int:
         return len(self.ids)
 
-    def appended(self, n: int, edges: Sequence[tuple[bool, bool]] | None = None) -> None:
+    def appended(self, n: int, edges: Sequence[tuple[bool, bool, bool]] | None = None) -> None:
         """Record ``n`` tokens just decoded at ``next_lpos...``; ``edges``: for each,
-        whether its text starts and ends inside a word (see ``Model.word_edges``)."""
+        whether its text starts and ends inside a word and whether it closes the word
+        before it (see ``Model.word_edges``; with ``CLOSE_WORDS`` that punctuation is
+        kept or evicted with the word)."""
         new_ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         new_lpos = np.arange(self.next_lpos, self.next_lpos + n, dtype=np.int64)
         words = new_ids.copy()
-        for i, (starts, ends) in enumerate(edges or ()):
-            if starts and self._joins and self._word_len < MAX_WORD_TOKENS:
+        for i, (starts, ends, closes) in enumerate(edges or ()):
+            joins = starts or (closes and CLOSE_WORDS)
+            if joins and self._joins and self._word_len < MAX_WORD_TOKENS:
                 self._word_len += 1
             else:
                 self._word, self._word_len = int(new_ids[i]), 1

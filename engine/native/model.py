@@ -260,6 +260,9 @@ def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) ->
     return tuple(il for il in range(n_layer) if il % n == n - 1)
 
 
+_PUNCTUATION = frozenset(b".,;:!?)]}'\"")  # what may close a word
+
+
 class Model:
     """A loaded GGUF: tokenizer, metadata and the native model handle."""
 
@@ -273,7 +276,7 @@ class Model:
         """``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
         None reads ``$KVTRIM_REPACK``."""
         self.cpu_path: CpuPath = resolve_repack(repack)
-        self._edges: dict[int, tuple[bool, bool]] = {}
+        self._edges: dict[int, tuple[bool, bool, bool]] = {}
         model_path = Path(path) if path is not None else default_model_path()
         check_gguf(model_path)
         params = llama_cpp.llama_model_default_params()
@@ -378,13 +381,16 @@ class Model:
             n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         return buf.raw[: max(n, 0)]
 
-    def word_edges(self, token: int) -> tuple[bool, bool]:
-        """Whether the token's text starts and ends with an ASCII letter or digit: a
-        token that starts so, after one that ends so, continues the same word."""
+    def word_edges(self, token: int) -> tuple[bool, bool, bool]:
+        """Whether the token's text starts and ends with an ASCII letter or digit (a
+        token that starts so, after one that ends so, continues the same word), and
+        whether it is punctuation that closes the word before it ("." of "58316.":
+        one or two ASCII punctuation characters, no space)."""
         edges = self._edges.get(token)
         if edges is None:
             raw = self.piece(token)
-            edges = (bool(raw[:1].isalnum()), bool(raw[-1:].isalnum()))
+            closes = 0 < len(raw) <= 2 and all(c in _PUNCTUATION for c in raw)
+            edges = (bool(raw[:1].isalnum()), bool(raw[-1:].isalnum()), closes)
             self._edges[token] = edges
         return edges
 

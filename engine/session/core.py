@@ -748,7 +748,7 @@ class Session:
         self.stats.capture_s += got.seconds
         return got
 
-    def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool]] | None:
+    def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool, bool]] | None:
         if not self.config.whole_words:
             return None
         return [self.model.word_edges(t) for t in tokens]
