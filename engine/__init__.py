@@ -14,6 +14,7 @@ from .errors import (
     KvtrimError,
     ModelError,
     OutOfMemoryError,
+    TemplateError,
 )
 from .native.model import Model, ModelInfo, default_model_path
 from .policies import H2O, POLICIES, TOVA, Full, Policy, SnapKV, StreamingLLM, make_policy
@@ -43,6 +44,7 @@ __all__ = [
     "ModelError",
     "ModelInfo",
     "OutOfMemoryError",
+    "TemplateError",
     "Policy",
     "Progress",
     "Prompt",

@@ -11,6 +11,11 @@ class ModelError(KvtrimError):
     """The model file is missing, empty, truncated or not a GGUF llama.cpp can load."""
 
 
+class TemplateError(ModelError):
+    """The model's chat template cannot render a conversation: a Jinja error, a
+    blocked sandbox escape, no end within its time, or a prompt too long."""
+
+
 class DocumentError(KvtrimError):
     """The document cannot be read as text (missing, binary, undecodable, empty)."""
 

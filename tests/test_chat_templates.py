@@ -74,8 +74,8 @@ def _skip(buf: mmap.mmap, at: int, vtype: int) -> int:
     return at + _SCALAR_BYTES[GGUFValueType(vtype)]
 
 
-def _string_kv(key: str, value: str) -> bytes:
-    k, v = key.encode(), value.encode()
+def _string_kv(key: str, value: str | bytes) -> bytes:
+    k, v = key.encode(), value.encode() if isinstance(value, str) else value
     return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", GGUFValueType.STRING, len(v)) + v
 
 
@@ -102,7 +102,9 @@ def _renamed_tokens(
     return b"".join(parts)
 
 
-def gguf_with_template(src: Path, dst: Path, template: str, tags: Sequence[str] = ()) -> None:
+def gguf_with_template(
+    src: Path, dst: Path, template: str | bytes, tags: Sequence[str] = ()
+) -> None:
     """Copy ``src`` to ``dst`` with ``tokenizer.chat_template`` set to ``template`` and
     ``tags`` written over the first unused control tokens; every other key-value
     field, the tensor infos and the tensor data are copied byte for byte.

@@ -291,7 +291,14 @@ class Model:
                 f"llama.cpp could not load {model_path} (corrupt or unsupported)"
             ) from exc
         self.n_gpu_layers = n_gpu_layers
-        self.info = self._read_info(model_path)
+        try:
+            self.info = self._read_info(model_path)
+        except UnicodeDecodeError as exc:  # llama-cpp-python decodes metadata strictly
+            self.close()
+            raise ModelError(
+                f"{model_path} holds metadata that is not UTF-8 text (byte {exc.start} of a "
+                "value): corrupt or badly edited"
+            ) from None
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 from ..native.model import Model
 from ..policies import Policy, make_policy
 from ..session.core import MAX_BATCH, Session, SessionConfig
+from ..session.prompts import check_template
 
 
 class Engine:
@@ -34,6 +35,11 @@ class Engine:
         # a bad value fails here
         SessionConfig(kv_type=kv_type, swa_cache=swa_cache, batch_tokens=batch_tokens)
         self.model = Model(model_path, n_gpu_layers=n_gpu_layers, repack=repack)
+        try:
+            check_template(self.model)  # a template that cannot work: one line, now
+        except BaseException:
+            self.model.close()
+            raise
         self.n_threads = n_threads
         self.kv_type = kv_type
         self.swa_cache = swa_cache

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError, ContextOverflowError, KvtrimError, OutOfMemoryError
+from ..errors import (
+    ConfigError,
+    ContextOverflowError,
+    KvtrimError,
+    OutOfMemoryError,
+    TemplateError,
+)
 from .runner import Overloaded, ShuttingDown
 from .schemas import error_body
 
@@ -57,6 +63,9 @@ def from_engine(exc: BaseException) -> ApiError:
         return ApiError(503, message, "server_error", "out_of_memory", metric="out_of_memory")
     if isinstance(exc, ConfigError):
         return invalid(str(exc), code="invalid_value")
+    if isinstance(exc, TemplateError):
+        code = "model_template_error"
+        return ApiError(500, str(exc), "server_error", code, metric="template")
     if isinstance(exc, KvtrimError):
         return ApiError(500, str(exc), "server_error", "engine_error", metric="engine")
     message = f"internal error: {exc}"

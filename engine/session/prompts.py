@@ -9,10 +9,15 @@ which serve as the observation window of question-aware eviction.
 from __future__ import annotations
 
 import re
+import sys
+import time
 from dataclasses import dataclass, replace
+from types import FrameType
 
+import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..errors import TemplateError
 from ..native.model import Model
 
 _DOC = "\x00KVTRIM_DOCUMENT\x00"
@@ -89,20 +94,82 @@ def _cut(spans: tuple[Span, ...], at: int, end: int) -> tuple[Span, ...]:
     return tuple((max(a, at) - at, min(b, end) - at) for a, b in spans if min(b, end) > max(a, at))
 
 
+RENDER_SECONDS = 2.0  # a chat template renders a conversation in well under 10 ms
+MAX_TEMPLATE_CHARS = 256 * 1024  # real templates are 1-20 KB
+MAX_MARKUP_CHARS = 64 * 1024  # what a template may write around the messages' contents
+
+
+class _Deadline:
+    """A trace function that stops a render past ``RENDER_SECONDS`` (Jinja compiles a
+    template to Python, so every loop step of it is a traced line)."""
+
+    def __init__(self) -> None:
+        self.until = time.monotonic() + RENDER_SECONDS
+        self.lines = 0
+
+    def __call__(self, frame: FrameType, event: str, arg: object) -> _Deadline:
+        self.lines += 1
+        if self.lines % 4096 == 0 and time.monotonic() > self.until:
+            raise TimeoutError(f"it did not finish within {RENDER_SECONDS:.0f} s")
+        return self
+
+
 def _render_messages(template: str, model: Model, messages: list[dict[str, str]]) -> str:
+    """The template rendered in Jinja's immutable sandbox, bounded in time and size.
+    ``raise_exception`` in the template is a ValueError (it refuses the conversation);
+    anything else that goes wrong is a ``TemplateError`` naming the model file."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
     def raise_exception(message: str) -> None:
         raise ValueError(message)
 
     native = model.native
-    return env.from_string(template).render(
-        messages=messages,
-        add_generation_prompt=True,
-        bos_token=native.token_get_text(native.token_bos()),
-        eos_token=native.token_get_text(native.token_eos()),
-        raise_exception=raise_exception,
+    previous = sys.gettrace()
+    try:
+        if len(template) > MAX_TEMPLATE_CHARS:
+            raise ValueError(f"it is {len(template):,} characters long")
+        compiled = env.from_string(template)
+        sys.settrace(_Deadline())
+        try:
+            rendered = compiled.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=native.token_get_text(native.token_bos()),
+                eos_token=native.token_get_text(native.token_eos()),
+                raise_exception=raise_exception,
+            )
+        finally:
+            sys.settrace(previous)
+    except ValueError as exc:
+        if len(template) > MAX_TEMPLATE_CHARS:
+            raise _template_error(model, exc) from None
+        raise
+    except (jinja2.TemplateError, TypeError, AttributeError, LookupError, ArithmeticError,
+            MemoryError, RecursionError, TimeoutError) as exc:
+        raise _template_error(model, exc) from None
+    if len(rendered) > MAX_MARKUP_CHARS + sum(len(m.get("content", "")) for m in messages):
+        raise _template_error(model, ValueError(f"it wrote {len(rendered):,} characters"))
+    return rendered
+
+
+def _template_error(model: Model, exc: BaseException) -> TemplateError:
+    why = " ".join(str(exc).split())[:160] or type(exc).__name__
+    return TemplateError(
+        f"{model.info.path}: its chat template cannot be used ({type(exc).__name__}: {why})"
     )
+
+
+def check_template(model: Model) -> None:
+    """Render a sample conversation once (as a model is loaded), so a template that
+    cannot work is refused with one line before any chat starts."""
+    template = model.info.chat_template
+    if not template:
+        return
+    try:
+        _render_chat(template, model, "Hello?", system="Be brief.")
+        _render_chat(template, model, "Hello?")
+    except ValueError as exc:  # the template refuses even a plain question
+        raise _template_error(model, exc) from None
 
 
 _TAG = re.compile(r"\s*(<[^<>\s]{2,40}>)")
