@@ -46,3 +46,15 @@ class EngineError(KvtrimError):
 
 class CacheFullError(EngineError):
     """``llama_decode`` found no free KV cells for the batch (nothing was decoded)."""
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {0x9B: "\\x9b"}
+del _CONTROL[0x09]  # a tab is shown as it is
+
+
+def shown(text: object) -> str:
+    """``text`` as a terminal or a UTF-8 file may show it: bytes that were not UTF-8
+    (a file name's surrogate escapes) become U+FFFD and control characters (ESC, which
+    starts terminal sequences; CR, NUL, ...) are written as ``\\xNN``."""
+    raw = str(text).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return raw.translate(_CONTROL)

@@ -33,6 +33,7 @@ from ..errors import (
     KvtrimError,
     ModelError,
     OutOfMemoryError,
+    shown,
 )
 from ..runtime.chat import Chat, Turn, record, status_line
 from ..session.sampling import Sampling
@@ -243,7 +244,7 @@ def interactive(chat: Chat, read_line: Callable[[str], str], out: TextIO, err: T
                     path = chat.write_kept(Path(rest.strip() or "kept.html"))
                     err.write(f"wrote {path.resolve()}\n")
                 except KvtrimError as exc:
-                    err.write(f"kvtrim: error: {exc}\n")
+                    err.write(f"kvtrim: error: {shown(exc)}\n")
                 continue
             if command != "/summarize":
                 err.write(f"unknown command {command}; /help lists them\n")
@@ -254,7 +255,7 @@ def interactive(chat: Chat, read_line: Callable[[str], str], out: TextIO, err: T
         except FATAL:
             raise
         except KvtrimError as exc:  # this turn failed; the chat goes on
-            err.write(f"kvtrim: error: {exc}\n")
+            err.write(f"kvtrim: error: {shown(exc)}\n")
 
 
 def history_file() -> Path | None:

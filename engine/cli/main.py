@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from ..documents.load import SUFFIXES, load_document
-from ..errors import Cancelled, ConfigError, DocumentError, KvtrimError
+from ..errors import Cancelled, ConfigError, DocumentError, KvtrimError, shown
 from ..native.cpu import system_info
 from ..native.monitor import MemoryMonitor
 from ..policies import POLICIES, help_lines, make_policy
@@ -391,7 +391,7 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
         sample = monitor.sample()
         if engine.model.device_note:
             out.write(f"note: {engine.model.device_note}\n")
-        out.write(f"model: {info.name} ({info.arch}) {info.path}\n")
+        out.write(f"model: {shown(info.name)} ({shown(info.arch)}) {shown(info.path)}\n")
         out.write(f"llama.cpp: {system_info()}\n")
         out.write(f"CPU: {engine.model.cpu_path.describe()}\n")
         out.write(
@@ -447,7 +447,7 @@ def main(
     try:
         args = parse_args(argv)
     except ConfigError as exc:  # a bad option: one line, before any file is read
-        err.write(f"kvtrim: error: {exc}\n")
+        err.write(f"kvtrim: error: {shown(exc)}\n")
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # its warnings become our one line
@@ -470,7 +470,7 @@ def main(
         err.write("\nkvtrim: cancelled\n")
         return 130
     except KvtrimError as exc:
-        err.write(f"kvtrim: error: {exc}\n")
+        err.write(f"kvtrim: error: {shown(exc)}\n")
         return 2
     except KeyboardInterrupt:
         err.write("\nkvtrim: interrupted\n")

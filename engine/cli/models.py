@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from ..errors import shown
 from ..native.finder import default_roots, find_models, format_size
 
 
@@ -35,13 +36,14 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not models:
         err.write("no GGUF models found; looked in:\n")
         for source, path in roots.all():
-            err.write(f"  {source}: {path}\n")
+            err.write(f"  {source}: {shown(path)}\n")
         return 0
+    names = [shown(m.name) for m in models]  # names and paths come from disk: no escapes
     source_w = max(len(m.source) for m in models)
-    name_w = max(len(m.name) for m in models)
-    for m in models:
+    name_w = max(len(n) for n in names)
+    for m, name in zip(models, names, strict=True):
         out.write(
-            f"{m.source:<{source_w}}  {m.name:<{name_w}}  {format_size(m.size_bytes):>8}  "
-            f"{m.path}\n"
+            f"{m.source:<{source_w}}  {name:<{name_w}}  {format_size(m.size_bytes):>8}  "
+            f"{shown(m.path)}\n"
         )
     return 0

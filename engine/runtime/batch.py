@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from ..documents.load import SUFFIXES, load_document
-from ..errors import Cancelled, KvtrimError, OutputError
+from ..errors import Cancelled, KvtrimError, OutputError, shown
 from ..native.kvmemory import pad
 from ..policies import make_policy
 from ..pool.kvpool import KVPool
@@ -157,7 +157,7 @@ def _markdown(item: FileSummary) -> str:
     s = item.stats
     assert s is not None
     return (
-        f"# {item.path.name}\n\n{item.text.strip()}\n\n---\n\n"
+        f"# {shown(item.path.name)}\n\n{item.text.strip()}\n\n---\n\n"
         f"*kvtrim {s.policy}, budget {s.budget_tokens} tokens: read {s.prompt_tokens:,} tokens, "
         f"kept {s.cells_used:,} ({item.retention:.1%}), KV {s.kv_bytes / _MB:.1f} MB held vs "
         f"{s.kv_bytes_llama_default / _MB:.1f} MB for llama.cpp's default cache, "
@@ -321,12 +321,14 @@ def table(results: Sequence[FileSummary]) -> str:
     ]
     for r in results:
         if r.stats is None:
-            rows.append(f"| {r.source.name} | | | | {r.seconds:.1f} | skipped: {r.error} |")
+            rows.append(
+                f"| {shown(r.source.name)} | | | | {r.seconds:.1f} | skipped: {shown(r.error)} |"
+            )
             continue
         s = r.stats
         rows.append(
-            f"| {r.source.name} | {s.prompt_tokens:,} | {r.retention:.1%} | "
+            f"| {shown(r.source.name)} | {s.prompt_tokens:,} | {r.retention:.1%} | "
             f"{s.kv_bytes / _MB:.1f} / {s.kv_bytes_llama_default / _MB:.1f} | {r.seconds:.1f} | "
-            f"{r.out} |"
+            f"{shown(r.out)} |"
         )
     return "\n".join(rows)
