@@ -15,17 +15,20 @@ def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from .settings import default_paths, load
-    from .store import Store
+    from .store import open_store
     from .window import MainWindow
     from .worker import WorkerThread
 
     app = QApplication.instance() or QApplication([sys.argv[0], *argv])
     app.setApplicationName("kvtrim")
     settings_path, history_path = default_paths()
-    store = Store(history_path)
+    store, problem = open_store(history_path)
     window = MainWindow(WorkerThread(), store, load(settings_path), settings_path)
+    notes = [problem] if problem else []
     if crash is not None:
-        window.error.setText(crash.message()[:1].upper() + crash.message()[1:] + ".")
+        notes.append(crash.message()[:1].upper() + crash.message()[1:] + ".")
+    if notes:
+        window.error.setText(" ".join(notes))
     window.show()
     code = app.exec()
     store.close()

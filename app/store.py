@@ -192,3 +192,14 @@ class Store:
             if m.meta:
                 lines += [f"*{m.meta}*", ""]
         return "\n".join(lines)
+
+
+def open_store(path: Path) -> tuple[Store, str | None]:
+    """The history at ``path``, or, when it cannot be used (its folder is a file, no
+    permission, a newer schema, a corrupt database), a history kept in memory for this
+    run and the one line saying why."""
+    try:
+        return Store(path), None
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        return Store(":memory:"), f"History is not saved this time: {path} cannot be used ({why})."

@@ -317,7 +317,10 @@ class MainWindow(QMainWindow):
 
     def _settings_changed(self) -> None:
         if self.settings_path is not None:
-            save(self.settings, self.settings_path)
+            try:
+                save(self.settings, self.settings_path)
+            except OSError as exc:  # the config folder is a file, or read-only
+                self.error.setText(f"Settings are not saved: {self.settings_path}: {exc}")
         self.apply_theme()
         self._update_status()
 
