@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -269,16 +270,39 @@ def history_file() -> Path | None:
     return Path(user_data_dir("kvtrim", appauthor=False)) / "chat_history"
 
 
+def usable_history(path: Path | None, err: TextIO | None = None) -> Path | None:
+    """``path`` when readline may read and rewrite it: absent, or a regular file that
+    is not a symlink (a FIFO would block the prompt, a symlink's target would be cut
+    to 1,000 lines); else None, said in one line on ``err``."""
+    if path is None:
+        return None
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        mode, why = 0, exc.strerror or type(exc).__name__
+    else:
+        why = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+    if stat.S_ISREG(mode):
+        return path
+    if err is not None:
+        err.write(f"kvtrim: chat history not kept: {shown(path)} is {why}\n")
+    return None
+
+
 @contextmanager
-def readline_history(path: Path | None) -> Iterator[None]:
+def readline_history(path: Path | None, err: TextIO | None = None) -> Iterator[None]:
     """Up/down arrows recall earlier lines (where ``readline`` exists: not on plain
-    Windows); history is loaded from and saved to ``path`` when it can be."""
+    Windows); history is loaded from and saved to ``path`` when it can be (see
+    ``usable_history``)."""
     try:
         import readline
     except ImportError:
         yield
         return
     readline.set_history_length(1000)
+    path = usable_history(path, err)
     if path is not None:
         with suppress(OSError):
             readline.read_history_file(path)
@@ -342,7 +366,7 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
                     f"{Path(args.file).name}: {len(text):,} characters, {engine.model_name}, "
                     f"{args.policy} at a {args.budget:,}-token budget. /help for commands.\n"
                 )
-                with readline_history(history_file()):
+                with readline_history(history_file(), err):
                     code = interactive(chat, input, out, err)
             if args.show_kept is not None and chat.history:
                 chat.write_kept(args.show_kept)
