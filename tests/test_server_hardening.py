@@ -164,6 +164,25 @@ def test_a_bad_streaming_request_fails_before_the_stream(server, fields, param):
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_refusal_is_the_same_400_streamed_or_not(server, stream):
+    """Issue 23 FAIL 10: a plain request the engine refused was a bare-text 500."""
+    body = {"prompt": "Hello", "max_tokens": 2, "stream": stream, "kv_budget": 16}
+    response = _post(server, body)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["code"] == "invalid_value" and "too small" in error["message"]
+
+
+def test_a_request_stopped_by_the_server_is_a_json_503():
+    from engine.errors import Cancelled
+    from engine.serve.api_errors import from_engine
+
+    error = from_engine(Cancelled("the server is shutting down"))
+    assert (error.status, error.code) == (503, "request_cancelled")
+
+
 def test_kv_budget_is_capped_by_the_server(server):
     refused = _post(server, {"prompt": "Hello", "max_tokens": 1, "kv_budget": 4096})
     assert refused.status_code == 400 and "limit of 512" in refused.json()["error"]["message"]

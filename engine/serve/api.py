@@ -119,7 +119,12 @@ class _Responder:
         reply = Reply(isinstance(req, ChatRequest), req.model or self.model_id)
         if not req.stream:
             waiting = asyncio.wrap_future(self.submit(job))
-            result: Result = await _unless_gone(request, job, waiting)
+            try:
+                result: Result = await _unless_gone(request, job, waiting)
+            except ApiError:
+                raise
+            except Exception as exc:  # the engine refused it: as a stream's first event is
+                raise from_engine(exc) from exc
             self.metrics.finished(result.stats)
             return reply.full(result.text, result.reason, result.stats)
         loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import (
+    Cancelled,
     ConfigError,
     ContextOverflowError,
     KvtrimError,
@@ -63,6 +64,8 @@ def from_engine(exc: BaseException) -> ApiError:
         return ApiError(503, message, "server_error", "out_of_memory", metric="out_of_memory")
     if isinstance(exc, ConfigError):
         return invalid(str(exc), code="invalid_value")
+    if isinstance(exc, Cancelled):  # stopped by the server (shutting down), not the client
+        return ApiError(503, str(exc), "server_error", "request_cancelled", metric="shutdown")
     if isinstance(exc, TemplateError):
         code = "model_template_error"
         return ApiError(500, str(exc), "server_error", code, metric="template")
