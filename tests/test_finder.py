@@ -349,3 +349,10 @@ def models_cli_args(json: bool):
     import argparse
 
     return argparse.Namespace(command="models", json=json)
+
+
+def test_a_deeply_nested_ollama_manifest_is_skipped_not_fatal(tmp_path):
+    """Issue 23 WEAK: '[' * 500,000 raised RecursionError and ended the whole scan."""
+    manifest = tmp_path / "manifest"
+    manifest.write_text("[" * 500_000)
+    assert finder._ollama_blob(tmp_path, manifest) is None

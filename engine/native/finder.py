@@ -214,7 +214,7 @@ def _ollama_blob(store: Path, manifest: Path) -> Path | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # "[" * 500,000 is not a manifest
         return None
     layers = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(layers, list):

@@ -260,6 +260,18 @@ def _global_layers(arch: str, meta: dict[str, str], n_layer: int, n_swa: int) ->
     return tuple(il for il in range(n_layer) if il % n == n - 1)
 
 
+MAX_TRAINED_CONTEXT = 1 << 24  # tokens; the longest trained contexts are 10M
+
+
+def _implausible(info: ModelInfo) -> str | None:
+    """What in the metadata no real model has (a 32-bit value that wrapped, a zero)."""
+    if not 0 < info.n_ctx_train <= MAX_TRAINED_CONTEXT:
+        return f"its trained context length is {info.n_ctx_train:,} tokens"
+    if info.n_swa < 0 or info.n_swa > info.n_ctx_train:
+        return f"its sliding window is {info.n_swa:,} tokens (trained context {info.n_ctx_train:,})"
+    return None
+
+
 _PUNCTUATION = frozenset(b".,;:!?)]}'\"")  # what may close a word
 
 
@@ -299,6 +311,10 @@ class Model:
                 f"{model_path} holds metadata that is not UTF-8 text (byte {exc.start} of a "
                 "value): corrupt or badly edited"
             ) from None
+        why = _implausible(self.info)
+        if why is not None:
+            self.close()
+            raise ModelError(f"{model_path}: {why}; the file is corrupt or badly edited")
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
 
     @property
