@@ -175,6 +175,14 @@ def test_an_engine_refusal_is_the_same_400_streamed_or_not(server, stream):
     assert error["code"] == "invalid_value" and "too small" in error["message"]
 
 
+@pytest.mark.parametrize("stop", [["a", "b", "c", "d", "e"], "x" * 300, ["ok", "y" * 300]])
+def test_stop_strings_are_bounded_as_openai_bounds_them(server, stop):
+    """Issue 23 WEAK: 1,000 stop strings of 1,000 characters took 64 s for 32 tokens."""
+    response = _post(server, {"prompt": "Hello", "max_tokens": 2, "stop": stop})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stop"
+
+
 def test_a_request_stopped_by_the_server_is_a_json_503():
     from engine.errors import Cancelled
     from engine.serve.api_errors import from_engine
