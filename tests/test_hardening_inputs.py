@@ -116,6 +116,29 @@ def test_text_over_the_character_limit_is_refused(tmp_path, monkeypatch, kind):
         load_document(path)
 
 
+def test_a_docx_with_an_entity_declaration_is_refused_not_cut_short(tmp_path):
+    """Issue 23 WEAK: a DOCTYPE declaring an external entity; the text after the
+    entity was silently lost ("end. The pass key is 4242." never read)."""
+    import docx
+
+    path = tmp_path / "xxe.docx"
+    d = docx.Document()
+    d.add_paragraph("Start &xxe; end. The pass key is 4242.")
+    d.save(path)
+    with zipfile.ZipFile(path) as z:
+        parts = {i.filename: z.read(i) for i in z.infolist()}
+    xml = parts["word/document.xml"].decode()
+    declared = '<!DOCTYPE w [<!ENTITY xxe SYSTEM "file:///etc/passwd">]>'
+    parts["word/document.xml"] = xml.replace("?>", "?>" + declared, 1).replace(
+        "&amp;xxe;", "&xxe;"
+    ).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for filename, data in parts.items():
+            z.writestr(filename, data)
+    with pytest.raises(DocumentError, match="declares XML entities"):
+        load_document(path)
+
+
 # 2. zip bombs (.docx) and PDF bombs
 
 

@@ -179,6 +179,20 @@ def _bomb(name: str, size_bytes: int) -> str:
     )
 
 
+def _no_doctype(archive: zipfile.ZipFile, name: str) -> None:
+    """Word never writes a DOCTYPE; one declares entities, which the XML parser
+    drops with the text after them (an XXE payload read as a shorter document)."""
+    for info in archive.infolist():
+        if info.filename.endswith(".xml") and info.file_size:
+            with archive.open(info) as part:
+                head = part.read(4096)
+            if b"<!DOCTYPE" in head or b"<!ENTITY" in head:
+                raise DocumentError(
+                    f"{name} declares XML entities ({info.filename} has a DOCTYPE), which "
+                    "Word never writes; kvtrim does not read it"
+                )
+
+
 def docx_text(data: bytes, name: str) -> str:
     """Paragraphs and table cells of a Word document, in document order; a document
     that unpacks to more than ``MAX_UNPACKED_BYTES`` is refused before it is parsed."""
@@ -188,6 +202,7 @@ def docx_text(data: bytes, name: str) -> str:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             _unpacked_bytes(archive, name)
+            _no_doctype(archive, name)
         document = docx.Document(io.BytesIO(data))
     except DocumentError:
         raise
