@@ -44,3 +44,19 @@ def test_kvtrim_models_escapes_names_and_paths(monkeypatch, tmp_path):
     out = io.StringIO()
     assert models_cli.main(models_cli_args(json=False), out, io.StringIO()) == 0
     assert "\x1b" not in out.getvalue() and "\\x1b[2Jllama\\x07" in out.getvalue()
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_reader_that_went_away_ends_quietly(monkeypatch, tmp_path):
+    """Issue 23 WEAK: `kvtrim ... | head -c 10` printed a BrokenPipeError traceback."""
+    from engine.cli.main import main
+
+    evil = FoundModel("m", tmp_path / "m.gguf", "ollama", 10)
+    monkeypatch.setattr(models_cli, "find_models", lambda roots: [evil])
+    err = io.StringIO()
+    assert main(["models"], out=_ClosedPipe(), err=err) == 141
+    assert err.getvalue() == ""

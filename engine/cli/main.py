@@ -10,6 +10,7 @@ kvtrim serve --policy h2o --budget 2048
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -475,5 +476,18 @@ def main(
     except KeyboardInterrupt:
         err.write("\nkvtrim: interrupted\n")
         return 130
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        _silence(out)
+        return 141  # 128 + SIGPIPE
+
+
+def _silence(out: TextIO) -> None:
+    """Point ``out`` (when it is the process's stdout) at /dev/null, so Python's own
+    flush at exit does not report the broken pipe again."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        fd = out.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
