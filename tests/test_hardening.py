@@ -311,3 +311,25 @@ def test_server_survives_hostile_bodies(engine):
                 assert set(r.json()["error"]) >= {"message", "type", "code"}, r.text
         ok = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
         assert ok.status_code == 200
+
+
+def test_a_cancel_while_the_prompt_is_tokenized_is_not_lost(engine, monkeypatch):
+    """Issue 23 FAIL 7: the first Ctrl+C during the tokenizing of a 16 MB document was
+    lost (run_tokens cleared the cancel event after it) and the read went on."""
+    with engine.session("snapkv", 256) as s:
+        real = s.model.tokenize
+
+        def tokenize_then_ctrl_c(text, **kwargs):
+            tokens = real(text, **kwargs)
+            if len(text) > 1000:  # the document: Ctrl+C comes while it is tokenized
+                s.cancel()
+            return tokens
+
+        monkeypatch.setattr(s.model, "tokenize", tokenize_then_ctrl_c)
+        events = s.ask("The pass key is 4242. " * 200, "What is the pass key?", max_tokens=4)
+        monkeypatch.setattr(s.model, "tokenize", real)
+        with pytest.raises(Cancelled):
+            for _ in events:
+                pass
+        result = Session.collect(s.ask("The key is 7.", "What is the key?", max_tokens=4))
+        assert result.reason in ("stop", "length", "eog")  # the next run is not cancelled

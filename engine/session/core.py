@@ -337,7 +337,10 @@ class Session:
         sampling: Sampling | None = None,
         stops: Sequence[str] | None = None,
     ) -> Iterator[Event]:
-        """Fresh cache, read the prompt (evicting as needed), then generate."""
+        """Fresh cache, read the prompt (evicting as needed), then generate. A cancel
+        that comes while the prompt is tokenized (seconds for a long document) stops
+        the run at its first step: the cancel event is cleared before, not after."""
+        self.ctx.cancel_event.clear()
         head = self.model.tokenize(
             prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup
         )
@@ -348,7 +351,9 @@ class Session:
             ("document", prompt.document, body),
             ("question", prompt.suffix, tail),
         ]
-        return self.run_tokens(
+        if not tail:
+            raise ConfigError("the prompt's last part (the question) is empty")
+        return self._run_tokens(
             head + body,
             tail,
             max_tokens=max_tokens,
@@ -375,6 +380,20 @@ class Session:
         if not tail:
             raise ConfigError("the prompt's last part (the question) is empty")
         self.ctx.cancel_event.clear()
+        return self._run_tokens(
+            head, tail, max_tokens=max_tokens, sampling=sampling, stops=stops, sources=sources
+        )
+
+    def _run_tokens(
+        self,
+        head: Sequence[int],
+        tail: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: Sampling | None,
+        stops: Sequence[str],
+        sources: Sequence[tuple[str, str | None, Sequence[int]]] | None,
+    ) -> Iterator[Event]:
         self.reset()
         self._reserve(len(head) + len(tail) + max_tokens, shrink=True)
         self._t0 = time.perf_counter()
