@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from engine import crashlog
+from engine.native import crashlog
 from engine.native.crashlog import CrashReport
 
 

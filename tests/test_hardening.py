@@ -116,6 +116,7 @@ def test_bad_documents_through_the_gui_adapter(qtbot, tmp_path, corpus):
     w.close()
 
 
+@pytest.mark.slow
 def test_bad_models_through_cli_server_and_gui(qtbot, bad_models, tmp_path):
     from app.worker import WorkerThread
 

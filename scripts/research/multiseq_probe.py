@@ -37,7 +37,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-from engine import _ggml
+from engine.native import _ggml
 from engine.native.model import Model
 from engine.native.model import log as llama_log
 
