@@ -74,7 +74,8 @@ CHILD = textwrap.dedent(
     import faulthandler, sys
     import llama_cpp
     from app.store import Store
-    from engine import Engine, crashlog, Token
+    from engine import Engine, Token
+    from engine.native import crashlog
 
     crashlog.arm()
     store = Store(sys.argv[1])
