@@ -247,3 +247,11 @@ def test_chat_follow_ups_continue_the_cache_within_its_bound(engine):
 def test_follow_up_needs_a_first_turn(engine):
     with engine.session("snapkv", 256) as s, pytest.raises(ConfigError, match="follow up"):
         Session.collect(s.follow_up("Anything?"))
+
+
+def test_a_question_longer_than_the_trained_context_says_so(engine):
+    """Issue 23 WEAK: a 122,786-token question was told to "use a smaller budget",
+    which cannot help; here the trained context is set to 512 tokens."""
+    s = engine.session("snapkv", 128, chunk_tokens=64, max_position=512)
+    with s, pytest.raises(ConfigError, match="more than the model's trained context"):
+        Session.collect(s.ask(prose(40), "Who? " * 600, max_tokens=4))

@@ -429,6 +429,11 @@ class Session:
         limit, target = self.sizing.limits(reserve)
         room = limit - target
         fits = self.cache.n_used + total <= limit
+        if self.policy.evicts and room < 1 and not fits and reserve >= self.max_position:
+            raise ConfigError(  # no budget or chunk can help
+                f"the question is {reserve:,} tokens, more than the model's trained context "
+                f"({self.max_position:,} tokens) holds; shorten it"
+            )
         if self.policy.evicts and room < 1 and not fits:
             raise ConfigError(
                 f"budget {self.budget} leaves no room for a {reserve}-token question; "
