@@ -375,14 +375,11 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:
     """The ``--show-kept`` page; ``answer`` is the whole answer, its prefix included."""
-    from ..session.kept_html import render_html
+    from ..session.kept_html import render_html, write_page
 
     question = getattr(args, "question", "")
     page = render_html(session.memory_map(), model=model, question=question, answer=answer)
-    try:
-        args.show_kept.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise DocumentError(f"cannot write {args.show_kept}: {exc.strerror or exc}") from None
+    write_page(args.show_kept, page)
 
 
 def _info(args: argparse.Namespace, out: TextIO) -> int:

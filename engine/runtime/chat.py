@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from ..errors import Cancelled, ConfigError, OutputError
+from ..errors import Cancelled, ConfigError
 from ..session.core import Session
 from ..session.prompts import SUMMARY_INSTRUCTION
 from ..session.sampling import Sampling
@@ -168,7 +168,7 @@ class Chat:
 
     def write_kept(self, path: Path) -> Path:
         """Write the memory map as an HTML page (see kept_html.py) with the last turn."""
-        from ..session.kept_html import render_html
+        from ..session.kept_html import render_html, write_page
 
         if not self.history:
             raise ConfigError("nothing read yet: ask a question first")
@@ -179,10 +179,7 @@ class Chat:
             question=last.question,
             answer=last.answer,
         )
-        try:
-            path.write_text(page, encoding="utf-8")
-        except OSError as exc:
-            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        write_page(path, page)
         return path
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import html
 import itertools
+import stat
+from pathlib import Path
 
 import numpy as np
 
+from ..errors import OutputError
 from .trace import (
     EVICTED,
     HEADING,
@@ -111,3 +114,23 @@ def render_html(m: MemoryMap, *, model: str = "", question: str = "", answer: st
         f"<pre>{_body(text, roles)}</pre></main><nav>{''.join(_minimap(roles))}</nav>"
         f"</body></html>\n"
     )
+
+
+def write_page(path: Path, page: str) -> None:
+    """Write ``page`` at ``path``, which may be new or an HTML file; anything else
+    there (a text file, a FIFO, a folder) is left alone with one line."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if info is not None and not (
+        stat.S_ISREG(info.st_mode) and path.suffix.lower() in (".html", ".htm")
+    ):
+        raise OutputError(f"{path} exists and is not an HTML page; choose another name")
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
