@@ -133,23 +133,15 @@ def default_setting() -> Key:
     return (spec.policy, spec.budget_tokens, spec.positions)
 
 
-def _cell_means(records: list[Record], key: Key) -> dict[tuple[Any, ...], float]:
-    """Mean score (percent) of ``key`` per (length, task, haystack)."""
-    groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
-    for r in scored(records):
-        if setting(r) == key:
-            groups[(r["length"], r["task"], r["haystack"])].append(r["score"])
-    return {k: 100 * statistics.fmean(v) for k, v in groups.items()}
-
-
 def _within_full(records: list[Record], key: Key, points: float) -> tuple[str, str, bool] | None:
     """Issue 27's first target: at 8K-32K tokens, ``key`` within ``points`` of the
     full cache on every task and haystack (means over the lengths both ran)."""
-    full, ours = _cell_means(records, FULL), _cell_means(records, key)
+    cells = means(records, lambda r: (r["length"], r["task"], r["haystack"]))
     gaps: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for (n, task, hay), value in full.items():
-        if 8192 <= n <= 32768 and (n, task, hay) in ours:
-            gaps[(task, hay)].append(value - ours[(n, task, hay)])
+    for (k, (n, task, hay)), value in cells.items():
+        ours = cells.get((key, (n, task, hay)))
+        if k == FULL and 8192 <= n <= 32768 and ours is not None:
+            gaps[(task, hay)].append(value - ours)
     if not gaps:
         return None
     worst, where = max((statistics.fmean(v), k) for k, v in gaps.items())
@@ -166,19 +158,19 @@ def _past_training(result: dict[str, Any], key: Key, share: float) -> tuple[str,
     the full cache's accuracy at 16K tokens (or the longest full length below it),
     task by task."""
     records, limit = result["records"], result.get("n_ctx_train") or 32768
-    full_lengths = [n for (n, _, _) in _cell_means(records, FULL) if n <= 16384]
-    if not full_lengths:
+    ref_len = reference_length([r for r in records if r["length"] <= 16384])
+    if ref_len is None:
         return None
-    ref_len = max(full_lengths)
     ref = means([r for r in records if r["length"] == ref_len], lambda r: r["task"])
     past = means([r for r in records if r["length"] > limit], lambda r: r["task"])
-    worst: tuple[float, str] | None = None
-    for (k, task), value in past.items():
-        base = ref.get((FULL, task))
-        if k == key and base:
-            worst = min(worst or (9.0, ""), (value / base, task))
-    if worst is None:
+    ratios = [
+        (value / ref[(FULL, task)], task)
+        for (k, task), value in past.items()
+        if k == key and ref.get((FULL, task))
+    ]
+    if not ratios:
         return None
+    worst = min(ratios)
     return (
         f"{label(key)} past the trained context ({limit:,} tokens) keeps "
         f"{share:.0%} of the full cache's accuracy at {ref_len:,} tokens on every task",
