@@ -123,11 +123,11 @@ def _render_messages(template: str, model: Model, messages: list[dict[str, str]]
     def raise_exception(message: str) -> None:
         raise ValueError(message)
 
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise _template_error(model, ValueError(f"it is {len(template):,} characters long"))
     native = model.native
     previous = sys.gettrace()
     try:
-        if len(template) > MAX_TEMPLATE_CHARS:
-            raise ValueError(f"it is {len(template):,} characters long")
         compiled = env.from_string(template)
         sys.settrace(_Deadline())
         try:
@@ -140,10 +140,6 @@ def _render_messages(template: str, model: Model, messages: list[dict[str, str]]
             )
         finally:
             sys.settrace(previous)
-    except ValueError as exc:
-        if len(template) > MAX_TEMPLATE_CHARS:
-            raise _template_error(model, exc) from None
-        raise
     except (jinja2.TemplateError, TypeError, AttributeError, LookupError, ArithmeticError,
             MemoryError, RecursionError, TimeoutError) as exc:
         raise _template_error(model, exc) from None
