@@ -229,15 +229,15 @@ def _tokens(model: Model, text: str) -> list[int]:
 
 def _recorder(s: Session) -> list[int]:
     """Every token ``s`` decodes from now on into its cache, in order (prompt, document,
-    turns and generated answers all go through ``Session._decode``)."""
+    turns and generated answers all go through ``Reader.decode``)."""
     fed: list[int] = []
-    decode = s._decode
+    decode = s.reader.decode
 
     def spy(tokens: Sequence[int], **kw: Any) -> None:
         fed.extend(tokens)
         decode(tokens, **kw)
 
-    s._decode = spy  # type: ignore[method-assign]
+    s.reader.decode = spy  # type: ignore[method-assign]
     return fed
 
 
@@ -377,7 +377,7 @@ def test_prompts_stop_at_the_templates_turn_end(chat: Chat) -> None:
 @pytest.mark.parametrize("first", ["ask", "summary"])
 def test_a_conversation_is_the_templates_rendering_token_for_token(chat: Chat, first: str) -> None:
     """What the session decoded (prompt, document, question, answers and follow-up
-    turns, recorded at ``Session._decode``, the one way tokens stay in the cache)
+    turns, recorded at ``Reader.decode``, the one way tokens stay in the cache)
     against the template's own rendering of the whole conversation, tokenized in
     one piece.
 

@@ -173,7 +173,7 @@ def test_a_pending_shift_survives_the_move(engine):
             s.cache.compact()
             assert s.cache.shift_pending
             if move:
-                s._resize(s.ctx.n_ctx + 256)
+                s.reader._resize(s.ctx.n_ctx + 256)
             out.append(_teacher_forced(s, [cont]))
     assert np.array_equal(out[0].argmax(axis=1), out[1].argmax(axis=1))
     check("max abs logit difference, moved vs not", np.abs(out[0] - out[1]).max(), "<", 1e-2)

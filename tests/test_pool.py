@@ -407,7 +407,7 @@ def test_a_pooled_request_gets_the_cache_a_lone_session_gets(engine):
         with make_pool(engine, spec, 2) as pool, spec.open_in(engine, pool, 600) as pooled:
             assert pooled.stats.kv_type == alone.stats.kv_type == "q8_0"  # V quantized too
             assert pool.cache.type_v == pool.cache.type_k
-            assert pooled.kv_layout == alone.kv_layout
+            assert pooled.reader.kv_layout == alone.reader.kv_layout
     reading = RequestSpec(policy="snapkv", budget_tokens=512, kv_type="q8_0")
     with make_pool(engine, reading, 2) as pool:
         with pytest.raises(

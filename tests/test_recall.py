@@ -106,7 +106,7 @@ def test_follow_up_after_summary_recovers_evicted_facts(
             assert s.stats.recalled_tokens > 0 and s.stats.recall_host_bytes > 0
             # the previous excerpt left the cache; this one is in it
             assert not np.isin(previous, s.cache.ids).any()
-            previous = s._recall_ids.copy()
+            previous = s.turns.copy_ids.copy()
             assert np.isin(previous, s.cache.ids).all()
             # bounded: the cache never grew past budget + chunk
             assert s.ctx.n_ctx == n_ctx <= pad(s.capacity)

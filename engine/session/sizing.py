@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kv.context import PooledSequence
-from ..native.kvmemory import pad
+from ..errors import ConfigError
+from ..kv.context import PooledSequence, SequenceContext
+from ..native.capture import AttentionCapture
+from ..native.context import NativeContext
+from ..native.kvmemory import CacheSettings, pad
+from ..native.model import Model
 from ..policies import Policy
 from ..stats import KVStats
 
@@ -26,8 +30,30 @@ class OwnContext:
     budget_tokens: int
     chunk_tokens: int
 
-    grows = True  # the context is resized as the text comes (Session._reserve)
+    grows = True  # the context is resized as the text comes (Reader.reserve)
     follows_share = False
+
+    def open(
+        self, model: Model, cache: CacheSettings, n_batch: int, n_threads: int
+    ) -> tuple[SequenceContext, CacheSettings]:
+        """The context to decode in, and the cache settings it was made with: a
+        context of its own, as small as a batch (it grows with the text, up to
+        ``n_ctx_max``: a short document never holds more cells than llama.cpp would
+        give it)."""
+        layers = model.info.global_layers
+        capture = AttentionCapture(layers) if self.policy.needs_attention else None
+        ctx = NativeContext(
+            model,
+            n_ctx=min(self.n_ctx_max, pad(n_batch)),
+            n_batch=n_batch,
+            n_threads=n_threads,
+            capture=capture,
+            flash_attn=cache.flash_attn,
+            swa_full=cache.swa_full,
+            type_k=cache.type_k,
+            type_v=cache.type_v,
+        )
+        return ctx, cache
 
     @property
     def capacity(self) -> int:
@@ -68,6 +94,17 @@ class PoolShare(OwnContext):
 
     grows = False  # a pool's share is fixed when the sequence is admitted
     follows_share = True  # limits are read again before every chunk
+
+    def open(
+        self, model: Model, cache: CacheSettings, n_batch: int, n_threads: int
+    ) -> tuple[SequenceContext, CacheSettings]:
+        """The slot, with the pool's cache settings: a request whose own settings the
+        pool cannot honour is refused, never silently changed."""
+        assert self.slot is not None
+        why = self.slot.cache_settings.refusal(cache)
+        if why is not None:
+            raise ConfigError(f"this request cannot run in the shared KV pool: {why}")
+        return self.slot, self.slot.cache_settings
 
     def _share(self) -> int:
         assert self.slot is not None

@@ -1,0 +1,90 @@
+"""A session's settings: sizes in tokens (= KV cells), how positions are renumbered
+after an eviction, and the cache types. Checked once, when the config is made."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..native.kvmemory import KV_TYPES, SWA_CACHES
+from .recall import WINDOW_TOKENS as RECALL_WINDOW
+from .sizing import MIN_CHUNK
+
+MAX_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch)
+POSITION_MODES = ("compact", "original", "bounded")
+"""After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
+as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
+positions the tokens were read at (the H2O/SnapKV papers) and compacts only
+before passing the trained context; ``bounded`` shortens each hole an eviction
+leaves to at most ``BOUNDED_GAP`` positions, so distances stay ordered but small."""
+BOUNDED_GAP = 64  # positions a hole keeps in ``bounded`` mode (positions_probe.py: 16 and 64)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Sizes in tokens (= KV cells). ``chunk_tokens`` defaults to budget / 4.
+
+    ``positions``: see ``POSITION_MODES``. Compact is the default because on the
+    default model it decides whether a kept fact is found at all (a 9K-token
+    passkey document, budget 1024: found with compact, missed with original).
+
+    ``swa_cache``: see ``kvmemory.SWA_CACHES``; the budget bounds the global layers,
+    sliding-window layers keep window + batch cells (``window``) or a cell per held
+    token (``full``). ``kv_type``: K cache type, and V's too where flash attention
+    runs (policies that read no attention). ``whole_words``: a word (a number's
+    digits) is kept or evicted whole (see ``policies.base.word_max``).
+    ``recall_tokens``: how many evicted document tokens a follow-up question may
+    bring back (see ``follow_up.FollowUps``); None: a chunk, 0: none.
+    """
+
+    budget_tokens: int = 1024
+    chunk_tokens: int | None = None
+    question_aware: bool = True
+    positions: str = "compact"
+    max_position: int | None = None
+    n_threads: int | None = None
+    flash_attn: str = "auto"
+    batch_tokens: int = MAX_BATCH  # tokens per llama_decode call at most
+    swa_cache: str = "window"
+    kv_type: str = "f16"
+    whole_words: bool = True
+    recall_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.swa_cache not in SWA_CACHES:
+            raise ConfigError(f"swa_cache must be one of {', '.join(SWA_CACHES)}")
+        if self.kv_type not in KV_TYPES:
+            raise ConfigError(f"kv_type must be one of {', '.join(KV_TYPES)}")
+        if not 1 <= self.batch_tokens <= 65536:
+            raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise ConfigError("flash_attn must be auto, on or off")
+        if self.positions not in POSITION_MODES:
+            raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
+        if self.recall_tokens is not None and self.recall_tokens < 0:
+            raise ConfigError("recall_tokens must be >= 0")
+
+    def chunk(self) -> int:
+        return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
+
+    def recall(self) -> int:
+        """Document tokens a follow-up may bring back (see recall.py); default: a chunk,
+        at least two windows."""
+        if self.recall_tokens is not None:
+            return self.recall_tokens
+        return max(self.chunk(), 2 * RECALL_WINDOW)
+
+    def position_gap(self) -> int | None:
+        """The longest hole an eviction may leave in the positions: 0 (compact),
+        ``BOUNDED_GAP`` (bounded), or None (original: holes stay)."""
+        return {"compact": 0, "bounded": BOUNDED_GAP}.get(self.positions)
+
+
+def default_threads() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:  # pragma: no cover
+        return os.cpu_count() or 1

@@ -1,0 +1,89 @@
+"""Generation after a read: sample, stop, and keep the cache bounded while the
+answer grows. Sizes in tokens, times in seconds."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator
+
+from ..errors import ConfigError
+from ..stats import Done, Event, Token
+from .reader import Reader
+from .sampling import LoopGuard, Sampler, Sampling, StopMatcher
+
+
+def generate(
+    reader: Reader,
+    *,
+    max_tokens: int,
+    sampling: Sampling,
+    stops: tuple[str, ...] = (),
+) -> Iterator[Event]:
+    """Generate up to ``max_tokens`` tokens after what ``reader`` fed. A stop string
+    the model wrote leaves the cache again (its tokens are removed), so the next
+    turn's markup follows the answer's own text. Ends with ``Done`` and its reason:
+    ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard)."""
+    if reader.logits is None:
+        raise ConfigError("nothing to continue from: feed a prompt first")
+    reader.reserve(max_tokens)
+    sample, looping, matcher = Sampler(sampling), LoopGuard(), StopMatcher(stops)
+    stop_tags = set(stops)
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    stats, cache, model = reader.stats, reader.cache, reader.model
+    start, base = time.perf_counter(), stats.decode_s
+    reason = "length"
+    reader.trace.start_answer()
+    starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
+    try:
+        for _ in range(max_tokens):
+            with reader.ctx.busy():
+                token = sample(reader.logits)
+            if stats.first_token_s is None:
+                stats.first_token_s = time.perf_counter() - reader.t0
+            if model.is_eog(token):
+                reason = "eog"
+                break
+            if stop_tags and _is_stop_tag(reader, token, stop_tags):
+                reason = "stop"
+                break
+            if cache.n_used >= reader.sizing.capacity:
+                yield from reader.evict([])
+            reader.trace.add_answer_token(token)
+            reader.decode([token], logits=True)
+            stats.generated_tokens += 1
+            stats.decode_s = base + time.perf_counter() - start
+            starts.append((cache.next_id - 1, len(matcher.text)))
+            text, hit = matcher.feed(utf8.decode(model.piece(token)))
+            if hit:
+                _forget_stop(reader, starts, len(matcher.text))
+            reader.sync_stats()
+            yield Token(token, text, stats)
+            if hit:
+                reason = "stop"
+                break
+            if looping(token):
+                reason = "repetition"
+                break
+    finally:
+        stats.decode_s = base + time.perf_counter() - start
+    tail = matcher.flush() + (utf8.decode(b"", final=True) if reason != "stop" else "")
+    if tail:
+        yield Token(-1, tail, stats)
+    yield Done(matcher.text, reason, stats)
+
+
+def _forget_stop(reader: Reader, starts: list[tuple[int, int]], kept: int) -> None:
+    """Remove the generated tokens that begin at or after character ``kept`` of the
+    answer (the stop string and anything after it) from the cache."""
+    gone = [i for i, at in starts if at >= kept]
+    if gone:
+        reader.cache.drop_tail(min(gone))
+
+
+def _is_stop_tag(reader: Reader, token: int, tags: set[str]) -> bool:
+    """A control token whose text is a stop (a turn end the GGUF does not list as
+    end of generation: see ``prompts.turn_stops``)."""
+    if reader.model.piece(token):
+        return False  # plain text: the stop matcher sees it
+    return reader.model.piece(token, special=True).decode("utf-8", "replace") in tags

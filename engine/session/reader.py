@@ -1,0 +1,320 @@
+"""Reading into a bounded cache: chunks are decoded, and before one would overflow
+the cache the policy scores the held tokens and the cache is trimmed back to the
+budget. With a known question (question-aware mode) the question's tokens are
+decoded after the held text at each trim, their attention is the observation
+window, and they are removed again. Sizes in tokens (= KV cells), times in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, ContextOverflowError
+from ..kv.cache import KVCache
+from ..kv.context import SequenceContext
+from ..native.capture import Captured, Segment
+from ..native.kvmemory import KVLayout, pad
+from ..native.model import Model
+from ..policies import Observation, Policy
+from ..stats import Event, Evicted, KVStats, Progress
+from .config import SessionConfig
+from .sizing import OwnContext
+from .trace import TokenTrace
+
+
+class Reader:
+    """One sequence in a bounded cache: what it holds (``cache``), the figures
+    (``stats``), what was read (``trace``) and the last logits (``logits``)."""
+
+    def __init__(
+        self,
+        model: Model,
+        policy: Policy,
+        config: SessionConfig,
+        sizing: OwnContext,
+        ctx: SequenceContext,
+        kv_layout: KVLayout,
+        kv_type: str,
+    ) -> None:
+        """``kv_type``: the cache's types as the figures name them ("f16", "q8_0/f16")."""
+        self.model = model
+        self.policy = policy
+        self.config = config
+        self.sizing = sizing
+        self.ctx = ctx
+        self.kv_layout = kv_layout
+        self.kv_type = kv_type
+        self.max_position = config.max_position or model.info.n_ctx_train
+        self.reads_attention = policy.needs_attention
+        self.cache = KVCache(ctx, track_cells=self.reads_attention)
+        self.stats = self._new_stats()
+        self.trace = self._new_trace()
+        self.logits: np.ndarray | None = None  # what the last token predicts
+        self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
+        self.t0 = time.perf_counter()  # the request's start (for the first token's time)
+
+    def reset(self) -> None:
+        """Empty the cache and forget what the policy observed."""
+        self.ctx.clear()
+        self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
+        self.policy.reset()
+        self.stats = self._new_stats()
+        self.trace = self._new_trace()
+        self.logits = None
+
+    @property
+    def question_aware(self) -> bool:
+        """Whether the question votes at each eviction."""
+        return self.config.question_aware and self.reads_attention and self.policy.evicts
+
+    # -- reading ----------------------------------------------------------
+
+    def feed(
+        self,
+        tokens: Sequence[int],
+        *,
+        observe: Sequence[int] = (),
+        logits: bool = True,
+        every: bool = False,
+    ) -> Iterator[Event]:
+        """Append ``tokens`` in chunks, evicting before the cache would overflow.
+
+        ``logits``: keep the last token's logits (to generate after); ``every``:
+        logits for every token (teacher forcing). ``observe`` (the question) is the
+        observation window at each eviction when the session is question-aware.
+        """
+        window = list(observe) if self.question_aware else []
+        reserve, total, done = len(window), len(tokens), 0
+        limit, target = self.sizing.limits(reserve)
+        fits = self.cache.n_used + total <= limit
+        if self.policy.evicts and limit - target < 1 and not fits:
+            raise ConfigError(self._no_room(reserve))
+        self.reserve(total if fits else total + reserve)
+        self.sizing.reading(reserve)
+        start, base = time.perf_counter(), self.stats.prefill_s
+        try:
+            while done < total:
+                if self.sizing.follows_share:  # the pool may have changed the share
+                    limit, target = self.sizing.limits(reserve)
+                free = limit - self.cache.n_used
+                if free < min(limit - target, total - done) or free < 1:
+                    yield from self.evict(window, target=target)
+                    free = limit - self.cache.n_used
+                    if free < 1:
+                        raise ConfigError(
+                            f"this request's share of the KV pool ({self.sizing.n_ctx_max} "
+                            f"cells) leaves no room to read beside a {reserve}-token "
+                            "question; retry when fewer requests run, or give the pool more "
+                            "cells"
+                        )
+                n = min(total - done, free, self.ctx.n_batch)
+                last = done + n == total
+                self.decode(tokens[done : done + n], logits=logits and last, every=every)
+                done += n
+                self.stats.prompt_tokens += n
+                self.stats.prefill_s = base + time.perf_counter() - start
+                self.sync_stats()
+                yield Progress(done, total, self.stats)
+        finally:
+            self.stats.prefill_s = base + time.perf_counter() - start
+
+    def _no_room(self, reserve: int) -> str:
+        """Why a ``reserve``-token question leaves no room to read."""
+        if reserve >= self.max_position:  # no budget or chunk can help
+            return (
+                f"the question is {reserve:,} tokens, more than the model's trained context "
+                f"({self.max_position:,} tokens) holds; shorten it"
+            )
+        return (
+            f"budget {self.sizing.budget} leaves no room for a {reserve}-token question; "
+            "use a smaller budget or a larger chunk"
+        )
+
+    def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
+        """Append ``tokens`` (evicting as needed) and yield, block by block, the logits
+        each position predicts the next token with: row i of the concatenated
+        blocks predicts ``tokens[i + 1]`` (float32, ``(rows, n_vocab)``)."""
+        for event in self.feed(tokens, logits=True, every=True):
+            if isinstance(event, Progress):
+                assert self.rows is not None
+                yield self.rows
+                self.rows = None
+
+    def decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
+        """Decode ``tokens`` after those held (the policy observes their attention)."""
+        n = len(tokens)
+        if self.cache.next_lpos + n > self.max_position:
+            self.cache.compact()
+        pos0 = self.cache.next_lpos
+        if not self.reads_attention:
+            self.ctx.decode(tokens, pos0, logits=logits, every=every)
+            self.cache.appended(n, self._edges(tokens))
+        else:
+            rows = n if self.policy.query_rows is None else self.policy.query_rows
+            got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
+            assert self.cache.cells is not None and got.visible is not None
+            with self.ctx.busy():
+                self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
+                self.cache.appended(n, self._edges(tokens))
+                if got.attn is not None:
+                    self.policy.observe(self._observation(got.attn))
+        if every:
+            self.rows = self.ctx.logits_rows(n)
+            self.logits = self.rows[-1]
+        elif logits:
+            self.logits = self.ctx.last_logits()
+
+    def _captured(
+        self,
+        tokens: Sequence[int],
+        pos0: int,
+        rows: int,
+        *,
+        visibility: bool,
+        logits: bool = False,
+        every: bool = False,
+    ) -> Captured:
+        """Decode ``tokens`` at ``pos0...`` with the capture armed: the last ``rows``
+        attention rows and, with ``visibility``, the cells each row could see."""
+        seg = Segment(0, len(tokens), rows, visibility)
+        got = self.ctx.decode(tokens, pos0, logits=logits, every=every, capture=seg)
+        assert got is not None
+        self.stats.capture_s += got.seconds
+        return got
+
+    def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool, bool]] | None:
+        if not self.config.whole_words:
+            return None
+        return [self.model.word_edges(t) for t in tokens]
+
+    # -- eviction ---------------------------------------------------------
+
+    def evict(self, window: list[int], target: int | None = None) -> Iterator[Event]:
+        """Trim the cache to ``target`` tokens (default: the budget), ``window`` (the
+        question's tokens) voting where the policy reads attention."""
+        if not self.policy.evicts:
+            raise ContextOverflowError(
+                f"the input does not fit the {self.sizing.capacity}-token budget and policy "
+                "'full' never evicts; raise --budget or choose an eviction policy"
+            )
+        spare = self.ctx.n_ctx - self.cache.n_used
+        if window and spare < len(window):
+            # no free cells for the question to vote from (an answer filled the cache):
+            # make them by the policy's own scores first
+            yield from self.evict([], target=max(1, self.cache.n_used - len(window) + spare))
+        start = time.perf_counter()
+        query = self._observe_question(window) if window else None
+        words = self.cache.words if self.config.whole_words else None
+        with self.ctx.busy():
+            keep = self.policy.keep(self.cache.ids, target or self.sizing.budget, query, words)
+            if keep.scores is not None and keep.scored is not None:
+                self.trace.score(keep.scored, keep.scores)
+        removed = self.cache.keep_only(keep.ids)
+        self.close_holes()
+        self.stats.score_s += time.perf_counter() - start
+        self.stats.evictions += 1
+        self.sync_stats()
+        yield Evicted(self.cache.n_used, removed, self.stats)
+
+    def close_holes(self) -> None:
+        """Renumber positions after tokens left the cache, as ``positions`` says."""
+        gap = self.config.position_gap()
+        if gap is not None:
+            self.cache.compact(gap)
+
+    def _observation(self, attn: np.ndarray) -> Observation:
+        cols = self.cache.cell_columns()
+        if len(cols) and cols.max() >= attn.shape[1]:
+            attn = np.pad(attn, ((0, 0), (0, int(cols.max()) + 1 - attn.shape[1])))
+        return Observation(self.cache.ids.copy(), attn[:, cols])
+
+    def _observe_question(self, window: list[int]) -> Observation:
+        """Decode the question after the held text, read its rows, remove it again."""
+        assert self.reads_attention
+        if self.cache.next_lpos + len(window) > self.max_position:
+            self.cache.compact()
+        rows: list[np.ndarray] = []
+        pos = self.cache.next_lpos
+        try:
+            for at in range(0, len(window), self.ctx.n_batch):
+                piece = window[at : at + self.ctx.n_batch]
+                got = self._captured(piece, pos + at, len(piece), visibility=False)
+                assert got.attn is not None
+                rows.append(got.attn)
+        finally:
+            self.cache.drop_scratch()
+        width = max(r.shape[1] for r in rows)
+        attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
+        return self._observation(attn)
+
+    # -- the context's size -----------------------------------------------
+
+    def reserve(self, n_more: int, *, shrink: bool = False) -> None:
+        """Make the cache big enough for ``n_more`` tokens after those held, up to
+        ``n_ctx_max`` (past it the policy evicts). ``shrink``: an empty cache may also
+        get smaller (a new, shorter document). A pool's share does not grow."""
+        if not self.sizing.grows:
+            return
+        used = self.cache.n_used
+        want = min(self.sizing.n_ctx_max, max(pad(used + n_more), pad(self.ctx.n_batch)))
+        if want > self.ctx.n_ctx or (shrink and want < self.ctx.n_ctx and not used):
+            self._resize(want)
+
+    def _resize(self, n_ctx: int) -> None:
+        """Move the sequence into a new context of ``n_ctx`` cells (llama.cpp cannot
+        resize a cache in place); the cells keep their order (see KVCache.rebind)."""
+        if self.cache.shift_pending:
+            self.apply_shifts()
+        new = self.ctx.resized(n_ctx)
+        try:
+            if self.cache.n_used:
+                new.load_seq(self.ctx.save_seq())
+        except BaseException:
+            new.close()
+            raise
+        old, self.ctx = self.ctx, new
+        self.cache.rebind(new)
+        old.close()
+        self.stats.n_ctx = new.n_ctx
+        self.stats.swa_cells = new.swa_cells
+
+    def apply_shifts(self) -> None:
+        """llama.cpp applies position shifts at the next decode and does not save them:
+        decode one scratch token and remove it again."""
+        if not self.cache.shift_pending:
+            return
+        self.ctx.decode([0], self.cache.next_lpos, logits=False)
+        self.cache.drop_scratch()
+        self.cache.shift_pending = False
+
+    # -- figures ----------------------------------------------------------
+
+    def _new_stats(self) -> KVStats:
+        return KVStats(
+            policy=self.policy.name,
+            budget_tokens=self.sizing.budget,
+            n_ctx=self.ctx.n_ctx,
+            kv_bytes_per_cell=self.kv_layout.cell_bytes,
+            kv_bytes_per_cell_swa=self.kv_layout.swa_cell_bytes,
+            n_swa=self.kv_layout.n_swa,
+            swa_cells=self.ctx.swa_cells,
+            kv_type=self.kv_type,
+        )
+
+    def _new_trace(self) -> TokenTrace:
+        return TokenTrace(lambda token: self.model.piece(token, special=True))
+
+    def sync_stats(self) -> None:
+        """Copy the cache's counts into ``stats`` (a pool publishes them)."""
+        s = self.stats
+        s.cells_used = self.cache.n_used
+        s.cells_peak = max(s.cells_peak, s.cells_used)
+        s.tokens_seen = self.cache.next_id
+        s.evicted_tokens = self.cache.evicted
+        s.compactions = self.cache.compactions
+        s.n_ctx = self.ctx.n_ctx
+        s.swa_cells = self.ctx.swa_cells
+        self.sizing.report(s)
