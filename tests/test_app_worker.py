@@ -84,7 +84,7 @@ class FakeEngine:
         self.closed = True
 
 
-JOB = Job("ask", "a document", "a question?", RequestSpec("snapkv", 256, max_tokens=8))
+JOB = Job("ask", "a document", "a question?", RequestSpec(policy="snapkv", budget_tokens=256, max_tokens=8))
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_job_kv_type_reaches_engine_session(qtbot, worker_thread):
     wt = worker_thread(lambda path, layers, threads: engine)
     with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
         wt.requests.load_model.emit(None, 0, None)
-    spec = RequestSpec("snapkv", 256, policy_settings=(("window", 16),), max_tokens=8)
+    spec = RequestSpec(policy="snapkv", budget_tokens=256, policy_settings=(("window", 16),), max_tokens=8)
     job = Job("ask", "a document", "q?", replace(spec, kv_type="q8_0"))
     assert job.key() != Job("ask", "a document", "q?", spec).key()
     with qtbot.waitSignal(
@@ -179,7 +179,7 @@ def test_real_model_answers_through_the_worker(qtbot, worker_thread):
         "ask",
         "Clara repaired the bicycle on Tuesday. " * 40,
         "Who repaired the bicycle?",
-        RequestSpec("snapkv", 128, max_tokens=8),
+        RequestSpec(policy="snapkv", budget_tokens=128, max_tokens=8),
     )
     with qtbot.waitSignal(
         wt.results.event, timeout=60_000, check_params_cb=lambda e: isinstance(e, Done)

@@ -466,7 +466,7 @@ def test_good_edge_values_pass():
     sampling = ["--top-p", "1", "--temperature", "0", "--seed", "0"]
     sizes = ["--threads", str(logical_cpus()), "--budget", "1024", "--chunk", "16"]
     args = cli.parse_args(["ask", "x.txt", "-q", "?", *sampling, *sizes])
-    assert (args.top_p, args.temperature, args.seed, args.chunk) == (1.0, 0.0, 0, 16)
+    assert (args.top_p, args.temperature, args.seed, args.chunk_tokens) == (1.0, 0.0, 0, 16)
     assert args.repack in ("auto", "on", "off")
 
 

@@ -37,7 +37,7 @@ from ..errors import (
     shown,
 )
 from ..runtime.chat import Chat, Turn, record, status_line
-from ..session.sampling import Sampling
+from ..runtime.spec import RequestSpec
 from ..stats import Event, Progress, Token
 from . import types
 from .options import engine_from_args
@@ -340,23 +340,16 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
     with engine_from_args(args) as engine:
         if engine.model.device_note:
             err.write(f"note: {engine.model.device_note}\n")
-        session = engine.session(
-            args.policy,
-            args.budget,
-            chunk_tokens=args.chunk,
-            question_aware=not args.no_question_aware,
-            positions=args.positions,
-            flash_attn=args.flash_attn,
-            recall_tokens=args.recall_tokens,
-        )
+        spec = RequestSpec.from_args(args)
+        session = spec.open(engine)
         with session:
             chat = Chat(
                 session,
                 text,
-                max_tokens=args.max_tokens,
-                sampling=Sampling(args.temperature, args.top_p, args.seed),
-                stops=args.stop,
-                answer_prefix=args.answer_prefix,
+                max_tokens=spec.max_tokens,
+                sampling=spec.sampling,
+                stops=list(spec.stops) if spec.stops is not None else None,
+                answer_prefix=spec.answer_prefix,
                 model_name=engine.model_name,
             )
             if scripted:
@@ -364,7 +357,7 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
             else:
                 err.write(
                     f"{Path(args.file).name}: {len(text):,} characters, {engine.model_name}, "
-                    f"{args.policy} at a {args.budget:,}-token budget. /help for commands.\n"
+                    f"{spec.policy} at a {spec.budget_tokens:,}-token budget. /help for commands.\n"
                 )
                 with readline_history(history_file(), err):
                     code = interactive(chat, input, out, err)

@@ -101,6 +101,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
     p.add_argument(
         "--budget",
+        dest="budget_tokens",
         type=types.at_least(MIN_CHUNK, "tokens"),
         default=1024,
         metavar="N",
@@ -108,6 +109,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
     p.add_argument(
         "--chunk",
+        dest="chunk_tokens",
         type=types.at_least(MIN_CHUNK, "tokens"),
         default=None,
         metavar="N",
@@ -115,7 +117,8 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     )
     p.add_argument(
         "--no-question-aware",
-        action="store_true",
+        dest="question_aware",
+        action="store_false",
         help="score with the document's own attention, not the question's",
     )
     p.add_argument(
@@ -215,10 +218,10 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.command not in ("ask", "summarize", "chat"):
         return
     policy = make_policy(args.policy)
-    protected = policy.protected(args.budget)
-    if policy.evicts and args.budget < protected + 1:
+    protected = policy.protected(args.budget_tokens)
+    if policy.evicts and args.budget_tokens < protected + 1:
         raise ConfigError(
-            f"budget {args.budget} is too small for {policy.name}: it keeps "
+            f"budget {args.budget_tokens} is too small for {policy.name}: it keeps "
             f"{protected} sink and recent tokens"
         )
 

@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..native.model import Model
 from ..policies import Policy, make_policy
 from ..session.core import MAX_BATCH, Session, SessionConfig
@@ -50,38 +52,18 @@ class Engine:
         return self.model.info.name
 
     def session(
-        self,
-        policy: str | Policy = "snapkv",
-        budget_tokens: int = 1024,
-        *,
-        chunk_tokens: int | None = None,
-        question_aware: bool = True,
-        positions: str = "compact",
-        flash_attn: str = "auto",
-        max_position: int | None = None,
-        batch_tokens: int | None = None,
-        swa_cache: str | None = None,
-        kv_type: str | None = None,
-        whole_words: bool = True,
-        recall_tokens: int | None = None,
-        **policy_settings: Any,
+        self, policy: str | Policy = "snapkv", budget_tokens: int = 1024, **options: Any
     ) -> Session:
-        """A new session with its own cache; the model is not reloaded."""
+        """A new session with its own cache; the model is not reloaded. ``options``:
+        ``SessionConfig``'s fields (see ``session.config.SessionOptions``); any other
+        keyword is a parameter of the policy named by ``policy``."""
+        names = {f.name for f in fields(SessionConfig)}
+        settings = {k: v for k, v in options.items() if k not in names}
         if isinstance(policy, str):
-            policy = make_policy(policy, **policy_settings)
-        config = self.config(
-            budget_tokens,
-            chunk_tokens=chunk_tokens,
-            question_aware=question_aware,
-            positions=positions,
-            flash_attn=flash_attn,
-            max_position=max_position,
-            batch_tokens=batch_tokens,
-            swa_cache=swa_cache,
-            kv_type=kv_type,
-            whole_words=whole_words,
-            recall_tokens=recall_tokens,
-        )
+            policy = make_policy(policy, **settings)
+        elif settings:
+            raise ConfigError(f"unknown session options: {', '.join(sorted(settings))}")
+        config = self.config(budget_tokens, **{k: v for k, v in options.items() if k in names})
         return Session(self.model, policy, config)
 
     def config(

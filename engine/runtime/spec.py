@@ -1,12 +1,13 @@
 """``RequestSpec``: everything one request runs with, in one frozen value.
 
-The session's settings (policy, budget, chunk, positions, question-aware
-eviction, flash attention, cache types, recall) and generation's (tokens,
-sampling, stops, the answer's first words). Every path opens its session from a
-spec: ``kvtrim ask``/``summarize`` (``from_args``; ``summarize --out`` and
-``--parallel`` too, so every option reaches every file by construction), the
-server's jobs and the app's jobs; ``session_key`` is what a kept session must
-match to be reused (the server's and the app's reuse checks).
+The session's settings are ``session.config.SessionOptions``' fields, inherited,
+so each is declared once; generation's (tokens, sampling, stops, the answer's first
+words) and the policy (its name and parameters) are added here. Every path opens
+its session from a spec: ``kvtrim ask``/``summarize``/``chat`` (``from_args``;
+``summarize --out`` and ``--parallel`` too, so every option reaches every file by
+construction), the server's jobs, the app's jobs and the benchmarks that compare
+settings; ``session_key`` is what a kept session must match to be reused (the
+server's and the app's reuse checks).
 
 >>> spec = RequestSpec.from_args(args)
 >>> with spec.open(engine) as session:
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..policies import Policy, make_policy
-from ..session.core import Session, SessionConfig
+from ..session.config import SessionConfig, SessionOptions
+from ..session.core import Session
 from ..session.prompts import summary_prompt
 from ..session.sampling import Sampling
 from ..stats import Event
@@ -31,21 +33,13 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request's settings. ``kv_type``/``swa_cache`` None: the engine's default;
-    ``policy_settings``: the policy's own parameters (e.g. H2O's heavy share)."""
+@dataclass(frozen=True, kw_only=True)
+class RequestSpec(SessionOptions):
+    """One request's settings: the session's (see ``SessionOptions``), the policy
+    (``policy_settings``: its own parameters, e.g. H2O's heavy share) and generation's.
+    Made with keywords: ``RequestSpec(policy="snapkv", budget_tokens=512)``."""
 
     policy: str = "snapkv"
-    budget_tokens: int = 1024
-    chunk_tokens: int | None = None
-    question_aware: bool = True
-    positions: str = "compact"
-    flash_attn: str = "auto"
-    kv_type: str | None = None
-    swa_cache: str | None = None
-    whole_words: bool = True
-    recall_tokens: int | None = None
     policy_settings: tuple[tuple[str, Any], ...] = ()
     max_tokens: int = 128
     sampling: Sampling = field(default_factory=Sampling)
@@ -54,19 +48,12 @@ class RequestSpec:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RequestSpec:
-        """The spec ``kvtrim ask``/``summarize``'s options name (see cli._common)."""
+        """The spec a command's options name: each option whose ``dest`` is a field's
+        name sets it (see cli/main.py ``_common``); sampling, stops and the answer
+        prefix are made from their parts."""
+        plain = (*SessionOptions.names(), "policy", "max_tokens")
         return cls(
-            policy=args.policy,
-            budget_tokens=args.budget,
-            chunk_tokens=args.chunk,
-            question_aware=not args.no_question_aware,
-            positions=args.positions,
-            flash_attn=args.flash_attn,
-            kv_type=args.kv_type,
-            swa_cache=args.swa_cache,
-            whole_words=getattr(args, "whole_words", True),
-            recall_tokens=getattr(args, "recall_tokens", None),
-            max_tokens=args.max_tokens,
+            **{name: getattr(args, name) for name in plain if hasattr(args, name)},
             sampling=Sampling(args.temperature, args.top_p, args.seed),
             stops=tuple(args.stop) if args.stop is not None else None,
             answer_prefix=args.answer_prefix.strip(),
@@ -75,44 +62,20 @@ class RequestSpec:
     def session_key(self) -> tuple[Any, ...]:
         """The settings a session is made with: a kept session with the same key can
         run this request (generation settings do not matter)."""
-        return (
-            self.policy,
-            self.budget_tokens,
-            self.chunk_tokens,
-            self.question_aware,
-            self.positions,
-            self.flash_attn,
-            self.kv_type,
-            self.swa_cache,
-            self.whole_words,
-            self.recall_tokens,
-            self.policy_settings,
-        )
-
-    def session_options(self) -> dict[str, Any]:
-        """``SessionConfig``'s fields this spec sets (beside the budget)."""
-        return {
-            "chunk_tokens": self.chunk_tokens,
-            "question_aware": self.question_aware,
-            "positions": self.positions,
-            "flash_attn": self.flash_attn,
-            "kv_type": self.kv_type,
-            "swa_cache": self.swa_cache,
-            "whole_words": self.whole_words,
-            "recall_tokens": self.recall_tokens,
-        }
+        return (self.policy, self.policy_settings, *self.options().values())
 
     def make_policy(self) -> Policy:
         return make_policy(self.policy, **dict(self.policy_settings))
 
     def config(self, engine: Engine) -> SessionConfig:
         """The session's configuration, with the engine's threads and defaults."""
-        return engine.config(self.budget_tokens, **self.session_options())
+        options = self.options()
+        return engine.config(options.pop("budget_tokens"), **options)
 
     def open(self, engine: Engine) -> Session:
         """A new session (its own context) with these settings."""
-        options = self.session_options() | dict(self.policy_settings)
-        return engine.session(self.policy, self.budget_tokens, **options)
+        options = self.options() | dict(self.policy_settings)
+        return engine.session(self.policy, options.pop("budget_tokens"), **options)
 
     def open_in(
         self, engine: Engine, pool: KVPool, n_tokens: int, *, cancel: Any = None, label: str = ""

@@ -4,7 +4,8 @@ after an eviction, and the cache types. Checked once, when the config is made.""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ..errors import ConfigError
 from ..native.kvmemory import KV_TYPES, SWA_CACHES
@@ -22,48 +23,61 @@ BOUNDED_GAP = 64  # positions a hole keeps in ``bounded`` mode (positions_probe.
 
 
 @dataclass(frozen=True)
-class SessionConfig:
-    """Sizes in tokens (= KV cells). ``chunk_tokens`` defaults to budget / 4.
+class SessionOptions:
+    """The session settings one request chooses, declared once: ``RequestSpec``
+    (every request's settings) and ``SessionConfig`` (a session's, with the engine's
+    threads and batch) both extend this class, so a new option is one field here
+    plus where it is exposed (a command-line flag whose ``dest`` is the field's name,
+    the server, the app). Sizes in tokens (= KV cells).
 
+    ``chunk_tokens``: tokens read between evictions (None: budget / 4).
     ``positions``: see ``POSITION_MODES``. Compact is the default because on the
     default model it decides whether a kept fact is found at all (a 9K-token
     passkey document, budget 1024: found with compact, missed with original).
-
-    ``swa_cache``: see ``kvmemory.SWA_CACHES``; the budget bounds the global layers,
-    sliding-window layers keep window + batch cells (``window``) or a cell per held
-    token (``full``). ``kv_type``: K cache type, and V's too where flash attention
-    runs (policies that read no attention). ``whole_words``: a word (a number's
-    digits) is kept or evicted whole (see ``policies.base.word_max``).
-    ``recall_tokens``: how many evicted document tokens a follow-up question may
-    bring back (see ``follow_up.FollowUps``); None: a chunk, 0: none.
+    ``kv_type``: K cache type, and V's too where flash attention runs (policies
+    that read no attention);
+    ``swa_cache``: see ``kvmemory.SWA_CACHES`` (the budget bounds the global layers,
+    sliding-window layers keep window + batch cells or a cell per held token); None:
+    the engine's default. ``whole_words``: a word (a number's digits) is kept or
+    evicted whole (see ``policies.base.word_max``). ``recall_tokens``: how many
+    evicted document tokens a follow-up may bring back (see follow_up.py); None: a
+    chunk, 0: none.
     """
 
     budget_tokens: int = 1024
     chunk_tokens: int | None = None
     question_aware: bool = True
     positions: str = "compact"
-    max_position: int | None = None
-    n_threads: int | None = None
     flash_attn: str = "auto"
-    batch_tokens: int = MAX_BATCH  # tokens per llama_decode call at most
-    swa_cache: str = "window"
-    kv_type: str = "f16"
+    kv_type: str | None = None
+    swa_cache: str | None = None
     whole_words: bool = True
     recall_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.swa_cache not in SWA_CACHES:
+        if isinstance(self.budget_tokens, bool) or not isinstance(self.budget_tokens, int):
+            raise ConfigError(
+                f"budget_tokens must be a number of tokens, got {self.budget_tokens!r}"
+            )
+        if self.swa_cache is not None and self.swa_cache not in SWA_CACHES:
             raise ConfigError(f"swa_cache must be one of {', '.join(SWA_CACHES)}")
-        if self.kv_type not in KV_TYPES:
+        if self.kv_type is not None and self.kv_type not in KV_TYPES:
             raise ConfigError(f"kv_type must be one of {', '.join(KV_TYPES)}")
-        if not 1 <= self.batch_tokens <= 65536:
-            raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise ConfigError("flash_attn must be auto, on or off")
         if self.positions not in POSITION_MODES:
             raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
         if self.recall_tokens is not None and self.recall_tokens < 0:
             raise ConfigError("recall_tokens must be >= 0")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The options' names (``SessionOptions``' fields, not a subclass's)."""
+        return tuple(f.name for f in fields(SessionOptions))
+
+    def options(self) -> dict[str, Any]:
+        """The options as keyword arguments (of ``SessionConfig``, ``Engine.session``)."""
+        return {name: getattr(self, name) for name in self.names()}
 
     def chunk(self) -> int:
         return self.chunk_tokens or max(MIN_CHUNK * 4, self.budget_tokens // 4)
@@ -75,10 +89,28 @@ class SessionConfig:
             return self.recall_tokens
         return max(self.chunk(), 2 * RECALL_WINDOW)
 
-    def position_gap(self) -> int | None:
+    def hole(self) -> int | None:
         """The longest hole an eviction may leave in the positions: 0 (compact),
         ``BOUNDED_GAP`` (bounded), or None (original: holes stay)."""
         return {"compact": 0, "bounded": BOUNDED_GAP}.get(self.positions)
+
+
+@dataclass(frozen=True)
+class SessionConfig(SessionOptions):
+    """A session's settings: the request's (``SessionOptions``) with the cache types
+    resolved, and the engine's threads (None: the physical cores), tokens per
+    ``llama_decode`` and highest position (None: the model's trained context)."""
+
+    kv_type: str = "f16"
+    swa_cache: str = "window"
+    max_position: int | None = None
+    n_threads: int | None = None
+    batch_tokens: int = MAX_BATCH
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.batch_tokens <= 65536:
+            raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
 
 
 def default_threads() -> int:

@@ -221,7 +221,7 @@ class Reader:
 
     def close_holes(self) -> None:
         """Renumber positions after tokens left the cache, as ``positions`` says."""
-        gap = self.config.position_gap()
+        gap = self.config.hole()
         if gap is not None:
             self.cache.compact(gap)
 
