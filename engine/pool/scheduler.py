@@ -1,0 +1,367 @@
+"""The scheduler thread: every running sequence's tokens in one ``llama_decode``.
+
+Decoding a token of a small model on a CPU (or of an 8B model on a GPU) is bound
+by reading the weights, so one step for eight sequences costs far less than
+eight steps (docs/multiseq.md: 2.1x tokens/s at 8 sequences on 2 cores).
+
+A session's ``decode`` puts a step in the queue and blocks; the scheduler thread
+waits a moment for the other running sequences' steps (continuous batching: a
+prefill chunk of a new request and the one-token steps of running ones go in one
+batch), decodes them together, and hands each sequence its logits and its own
+attention rows (capture.py ``Segment``). It knows sequences by id only: what they
+hold comes from the pool (``held``), never from their sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CacheFullError, Cancelled, EngineError
+from ..native.capture import Captured, Segment
+from ..native.context import NativeContext
+from ..native.kvmemory import CacheSettings
+
+RECENT_S = 0.05  # seconds: a sequence whose last step ended this recently is between tokens
+MIN_GATHER_S = 0.002  # seconds a batch waits at least for the expected steps
+RETRY_S = 0.01  # seconds between tries of a step that found no free cells
+RETRIES = 300  # tries of a step alone that finds no free cells (3 s), then it fails
+POLL_S = 0.05  # seconds between looks at a waiting caller's cancel
+
+
+class SharedContext:
+    """The pool's llama.cpp context, the cache settings it was made with, and the
+    locks every thread takes around it."""
+
+    def __init__(self, ctx: NativeContext, cache: CacheSettings) -> None:
+        self.ctx = ctx
+        self.cache = cache
+        self.lock = threading.Lock()  # llama.cpp's context is not thread-safe
+        self.cpu = threading.Lock()  # a decode or one session's CPU work, not both
+        self.closed = False
+
+    @contextlib.contextmanager
+    def native(self) -> Iterator[NativeContext]:
+        """The context, with its lock held, while the pool has one."""
+        with self.lock:
+            if self.closed:
+                raise Cancelled("the pool is closed")
+            yield self.ctx
+
+    def forget(self, seq: int) -> None:
+        """Free sequence ``seq``'s cells (nothing once the context is closed)."""
+        with self.lock:
+            if not self.closed:
+                self.ctx.seq_rm(0, -1, seq)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.ctx.close()
+
+
+@dataclass(eq=False)
+class _Step:
+    """One sequence's tokens waiting for the next batch."""
+
+    seq: int
+    tokens: Sequence[int]
+    pos0: int
+    logits: bool
+    every: bool
+    capture: Segment | None
+    order: int
+    done: threading.Event = field(default_factory=threading.Event)
+    taken: bool = False
+    out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
+    captured: Captured | None = None
+    error: BaseException | None = None
+    requeue: bool = False  # put back in the queue instead of answered (no free cells)
+    retries: int = 0
+
+
+class Scheduler:
+    """The step queue and the thread that decodes it in batches.
+
+    ``held``: cells every sequence holds now (a sequence whose share shrank holds
+    more than its share until its next step evicts); ``gather_s``: how long a step
+    waits at most for the other running sequences (a quarter of the last decode's
+    time, within 2 ms..``gather_s``)."""
+
+    def __init__(
+        self, shared: SharedContext, *, layout: str, gather_s: float, held: Callable[[], int]
+    ) -> None:
+        self.shared = shared
+        self.layout = layout
+        self.gather_s = gather_s
+        self.held = held
+        self._cond = threading.Condition()
+        self._pending: list[_Step] = []
+        self._order = itertools.count()
+        self._last_done: dict[int, float] = {}  # monotonic time a sequence's step ended
+        self._stall = False
+        self._split_next = False
+        self.closed = False  # no new steps: stopped, or the thread died
+        self.error: BaseException | None = None  # what stopped the thread, if anything
+        self.steps = 0  # llama_decode calls
+        self.tokens = 0  # tokens decoded
+        self.peak_cells = 0  # most cells held by all sequences at once
+        self.decode_s = 0.0
+        self._last_decode_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
+        self._thread.start()
+
+    # -- callers' side ----------------------------------------------------
+
+    def submit(
+        self,
+        seq: int,
+        cancel: threading.Event,
+        tokens: Sequence[int],
+        pos0: int,
+        logits: bool,
+        every: bool,
+        capture: Segment | None,
+    ) -> _Step:
+        """Queue sequence ``seq``'s step and wait until it was decoded (or raise:
+        ``Cancelled`` at ``cancel`` while still queued, or the step's error)."""
+        if not 0 < len(tokens) <= self.shared.ctx.n_batch:
+            raise EngineError(f"decode of {len(tokens)} tokens does not fit the pool's batch")
+        step = _Step(seq, tokens, pos0, logits, every, capture, next(self._order))
+        with self._cond:
+            if self.closed:
+                raise Cancelled("the pool is closed")
+            if cancel.is_set():
+                raise Cancelled("cancelled")
+            self._pending.append(step)
+            self._cond.notify_all()
+        while not step.done.wait(POLL_S):
+            if cancel.is_set():
+                with self._cond:
+                    if not step.taken:  # still queued: leave at once
+                        self._pending.remove(step)
+                        raise Cancelled("cancelled")
+        if step.error is not None:
+            raise step.error
+        return step
+
+    def forget(self, seq: int) -> None:
+        """Sequence ``seq`` ended: no step of it is expected any more."""
+        with self._cond:
+            self._last_done.pop(seq, None)
+
+    def stop(self) -> None:
+        """Refuse new steps; the waiting ones are cancelled and the thread ends."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    # -- the thread -------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            self._schedule()
+        except BaseException as exc:  # never leave a caller waiting on a dead thread
+            with self._cond:
+                self.error = exc
+                self.closed = True
+                self._fail_waiting(EngineError(f"the pool's scheduler stopped: {exc}"))
+                self._cond.notify_all()
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        """Answer every queued step with ``error`` (call with ``_cond`` held)."""
+        for step in self._pending:
+            step.error = error
+            step.done.set()
+        self._pending.clear()
+
+    def _schedule(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self.closed:
+                    self._cond.wait()
+                if self.closed:
+                    self._fail_waiting(Cancelled("the pool is closed"))
+                    return
+                self._gather()
+                batch = self._choose()
+                if not batch or self._stall:  # no room yet: a sequence evicts or leaves
+                    self._stall = False
+                    self._cond.wait(RETRY_S)
+                    if not batch:
+                        continue
+            self._run(batch)
+
+    def _gather(self) -> None:
+        """Wait a moment for the expected steps (call with ``_cond`` held).
+
+        The sequences of the last batch come back after their sampling and
+        bookkeeping (serialized by the CPU lock): waiting for them keeps the batch
+        whole instead of splitting it in two smaller, dearer decodes."""
+        wait = min(self.gather_s, max(MIN_GATHER_S, self._last_decode_s / 4))
+        deadline = time.monotonic() + wait
+        while len(self._pending) < self._expected(time.monotonic()):
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                break
+            self._cond.wait(left)
+
+    def _expected(self, now: float) -> int:
+        """Sequences that will most likely send a step soon: those queued and those
+        whose last step ended within the last 50 ms (they are between tokens)."""
+        queued = {s.seq for s in self._pending}
+        recent = {seq for seq, t in self._last_done.items() if now - t < RECENT_S}
+        return len(queued | recent)
+
+    def _choose(self) -> list[_Step]:
+        """One-token steps (answers being written) first, then reads, oldest first,
+        as many as the batch holds."""
+        order = sorted(self._pending, key=lambda s: (len(s.tokens) > 1, s.order))
+        if self._split_next:  # the last batch found no room together: one at a time
+            self._split_next = False
+            order = order[:1]
+        chosen, n = [], 0
+        ctx = self.shared.ctx
+        # a sequence whose share shrank evicts at its own next step; until then the
+        # cells it still holds are not free (llama_decode would find no slot)
+        held = self.held()
+        room = ctx.n_ctx if self.layout == "shared" else 1 << 62  # streams: own cells
+        for step in order:
+            if n + len(step.tokens) <= ctx.n_batch and held + n + len(step.tokens) <= room:
+                chosen.append(step)
+                n += len(step.tokens)
+        for step in chosen:
+            self._pending.remove(step)
+            step.taken = True
+        return chosen
+
+    def _groups(self, steps: list[_Step]) -> list[list[_Step]]:
+        """The ``llama_decode`` calls of one round. Shared pool: one, whatever the
+        mix (llama.cpp's ``split_simple`` keeps it one ubatch). One stream per
+        sequence: llama.cpp splits a batch into ubatches of equal slices of
+        consecutive sequence ids, so one-token steps go together in runs of
+        consecutive ids, and a longer step (a prefill chunk) goes alone."""
+        if self.layout == "shared":
+            return [steps]
+        ones = sorted((s for s in steps if len(s.tokens) == 1), key=lambda s: s.seq)
+        groups: list[list[_Step]] = []
+        for step in ones:
+            if groups and groups[-1][-1].seq == step.seq - 1:
+                groups[-1].append(step)
+            else:
+                groups.append([step])
+        return groups + [[s] for s in steps if len(s.tokens) > 1]
+
+    # -- one decode -------------------------------------------------------
+
+    def _run(self, steps: list[_Step]) -> None:
+        for step in steps:
+            step.requeue = False
+        for group in self._groups(steps):
+            self._decode(group)
+
+    def _decode(self, steps: list[_Step]) -> None:
+        """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
+        entries, segments, starts = self._batch(steps)
+        t0 = time.perf_counter()
+        try:
+            with self.shared.cpu, self.shared.lock:
+                got = iter(self.shared.ctx.decode_batch(entries, segments, self._streams(steps)))
+                for step, a in zip(steps, starts, strict=True):
+                    self._read_out(step, a, got, len(segments))
+        except CacheFullError as exc:
+            self._no_room(steps, exc)
+        except BaseException as exc:  # every sequence of the batch hears of it
+            for step in steps:
+                step.error = exc
+        finally:
+            self._account(steps, len(entries), time.perf_counter() - t0)
+
+    def _streams(self, steps: list[_Step]) -> int:
+        """KV streams of one decode: one pool, or one stream per step."""
+        return 1 if self.layout == "shared" else len(steps)
+
+    def _batch(
+        self, steps: list[_Step]
+    ) -> tuple[list[tuple[int, int, int, bool]], list[Segment], list[int]]:
+        """The batch's ``(seq, token, pos, logits)`` entries, the attention segments
+        to capture, and where each step's tokens start in the batch."""
+        entries: list[tuple[int, int, int, bool]] = []
+        segments: list[Segment] = []
+        starts: list[int] = []
+        streams = self._streams(steps)
+        for k, step in enumerate(steps):
+            a, n = len(entries), len(step.tokens)
+            starts.append(a)
+            for i, tok in enumerate(step.tokens):
+                out = step.every or (step.logits and i == n - 1)
+                entries.append((step.seq, tok, step.pos0 + i, out))
+            if step.capture is not None:
+                rows, vis = step.capture.rows, step.capture.visibility
+                if streams == 1:
+                    segments.append(Segment(a, a + n, rows, vis))
+                else:  # stream k holds this step's n rows
+                    segments.append(Segment(0, n, rows, vis, stream=k))
+        return entries, segments, starts
+
+    def _read_out(self, step: _Step, a: int, got: Iterator[Captured], n_segments: int) -> None:
+        """The step's logits rows (its tokens start at batch row ``a``) and its
+        attention (call with the context's lock held)."""
+        ctx, n = self.shared.ctx, len(step.tokens)
+        if step.every:
+            step.out = np.stack([ctx.logits_at(a + i) for i in range(n)])
+        elif step.logits:
+            step.out = ctx.logits_at(a + n - 1)[None]
+        if step.capture is not None:
+            c = next(got)
+            step.captured = Captured(c.visible, c.attn, c.seconds / n_segments)
+
+    def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
+        """llama.cpp found no free cells and left the cache as it was: a batch tries
+        its steps alone; a step alone waits for a sequence whose share shrank to
+        evict (the counts the room check uses lag behind), then fails."""
+        if len(steps) > 1:
+            for step in steps:
+                step.requeue = True
+            with self._cond:
+                self._pending[:0] = steps
+                for step in steps:
+                    step.taken = False
+                self._split_next = True
+            return
+        step = steps[0]
+        step.retries += 1
+        if step.retries > RETRIES:
+            step.error = exc
+            return
+        step.requeue = True
+        with self._cond:
+            step.taken = False
+            self._pending.insert(0, step)
+            self._stall = True
+
+    def _account(self, steps: list[_Step], n_tokens: int, seconds: float) -> None:
+        """Count the decode, then answer every step not put back in the queue."""
+        self.steps += 1
+        self.tokens += n_tokens
+        self._last_decode_s = seconds
+        self.decode_s += seconds
+        try:
+            self.peak_cells = max(self.peak_cells, self.held())
+            now = time.monotonic()
+            with self._cond:
+                for step in steps:
+                    self._last_done[step.seq] = now  # most likely back for the next batch
+        finally:
+            for step in steps:
+                if not step.requeue:
+                    step.done.set()
