@@ -84,7 +84,12 @@ class FakeEngine:
         self.closed = True
 
 
-JOB = Job("ask", "a document", "a question?", RequestSpec(policy="snapkv", budget_tokens=256, max_tokens=8))
+JOB = Job(
+    "ask",
+    "a document",
+    "a question?",
+    RequestSpec(policy="snapkv", budget_tokens=256, max_tokens=8),
+)
 
 
 @pytest.fixture
@@ -123,7 +128,9 @@ def test_job_kv_type_reaches_engine_session(qtbot, worker_thread):
     wt = worker_thread(lambda path, layers, threads: engine)
     with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
         wt.requests.load_model.emit(None, 0, None)
-    spec = RequestSpec(policy="snapkv", budget_tokens=256, policy_settings=(("window", 16),), max_tokens=8)
+    spec = RequestSpec(
+        policy="snapkv", budget_tokens=256, policy_settings=(("window", 16),), max_tokens=8
+    )
     job = Job("ask", "a document", "q?", replace(spec, kv_type="q8_0"))
     assert job.key() != Job("ask", "a document", "q?", spec).key()
     with qtbot.waitSignal(
