@@ -223,7 +223,7 @@ def test_a_full_queue_refuses_instead_of_growing():
             return SlowSession()
 
     runner = EngineRunner(SlowEngine(), max_queue=1)
-    job = Job([1], [2], RequestSpec("snapkv", 64, max_tokens=4))
+    job = Job([1], [2], RequestSpec(policy="snapkv", budget_tokens=64, max_tokens=4))
     first = runner.submit(job)
     with pytest.raises(Overloaded, match="retry later"):
         runner.submit(job)

@@ -26,6 +26,7 @@ from ..errors import Cancelled, ConfigError, DocumentError, KvtrimError, shown
 from ..native.cpu import system_info
 from ..native.monitor import MemoryMonitor
 from ..policies import POLICIES, help_lines, make_policy
+from ..runtime.engine import Engine
 from ..runtime.spec import RequestSpec
 from ..session.core import MIN_CHUNK, POSITION_MODES, Session
 from ..stats import Done, Evicted, Progress, Token
@@ -72,76 +73,67 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
-    if many:
-        p.add_argument(
-            "file",
-            nargs="+",
-            type=Path,
-            help="documents or folders (.txt .md .html .pdf .docx); several, a folder or "
-            "--out summarize each into its own Markdown file",
-        )
-        p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write")
-        p.add_argument(
-            "--parallel",
-            type=types.at_least(1, "documents"),
-            default=None,
-            metavar="N",
-            help="documents read at once, as sequences of one context sharing the KV "
-            "memory of one (default: 1 on a CPU, where it does not pay; up to 4 with "
-            "--gpu-layers, as free memory allows)",
-        )
-    else:
+def _request_options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """ask, summarize and chat's options that make their ``RequestSpec``: a flag
+    whose ``dest`` is a ``SessionOptions`` field sets that field (``from_args``)."""
+    tokens = types.at_least(MIN_CHUNK, "tokens")
+    return [
+        (("--policy",), {"choices": list(POLICIES), "default": "snapkv",
+            "help": f"eviction policy (default: snapkv). {help_lines()}"}),
+        (("--budget",), {"dest": "budget_tokens", "type": tokens, "default": 1024,
+            "metavar": "N", "help": "KV cells kept after each eviction (default: 1024)"}),
+        (("--chunk",), {"dest": "chunk_tokens", "type": tokens, "default": None,
+            "metavar": "N", "help": "tokens read between evictions (default: budget/4)"}),
+        (("--no-question-aware",), {"dest": "question_aware", "action": "store_false",
+            "help": "score with the document's own attention, not the question's"}),
+        (("--positions",), {"choices": list(POSITION_MODES), "default": "compact",
+            "help": "renumber kept tokens after eviction (compact, default), keep the "
+            "positions they were read at (original, as in the papers), or shorten each "
+            "hole to a few positions (bounded)"}),
+        (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": "auto",
+            "help": "flash attention (policies that read attention always run without it)"}),
+        *types.KV_OPTIONS,
+        (("--answer-prefix",), {"default": "", "metavar": "TEXT",
+            "help": "text the answer starts with (helps base models: 'The pass key is')"}),
+        (("--max-tokens",), {"type": types.at_least(1, "tokens"), "default": 128,
+            "metavar": "N", "help": "the longest answer, in tokens (default: 128)"}),
+        (("--temperature",), {"type": types.temperature, "default": 0.0,
+            "help": "0 is greedy (default)"}),
+        (("--top-p",), {"type": types.top_p, "default": 1.0, "help": "in (0, 1] (default: 1)"}),
+        (("--seed",), {"type": types.at_least(0), "default": None, "metavar": "N"}),
+        (("--stop",), {"action": "append", "default": None, "metavar": "TEXT",
+            "help": "stop string (repeatable; default: the prompt's own)"}),
+    ]  # fmt: skip
+
+
+def _files(p: argparse.ArgumentParser, many: bool) -> None:
+    """The document (ask, chat) or documents (summarize, with --out and --parallel)."""
+    if not many:
         p.add_argument("file", help="a document of any length: .txt .md .html .pdf .docx")
+        return
     p.add_argument(
-        "--policy",
-        choices=list(POLICIES),
-        default="snapkv",
-        help=f"eviction policy (default: snapkv). {help_lines()}",
+        "file",
+        nargs="+",
+        type=Path,
+        help="documents or folders (.txt .md .html .pdf .docx); several, a folder or "
+        "--out summarize each into its own Markdown file",
     )
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write")
     p.add_argument(
-        "--budget",
-        dest="budget_tokens",
-        type=types.at_least(MIN_CHUNK, "tokens"),
-        default=1024,
-        metavar="N",
-        help="KV cells kept after each eviction (default: 1024)",
-    )
-    p.add_argument(
-        "--chunk",
-        dest="chunk_tokens",
-        type=types.at_least(MIN_CHUNK, "tokens"),
+        "--parallel",
+        type=types.at_least(1, "documents"),
         default=None,
         metavar="N",
-        help="tokens read between evictions (default: budget/4)",
+        help="documents read at once, as sequences of one context sharing the KV "
+        "memory of one (default: 1 on a CPU, where it does not pay; up to 4 with "
+        "--gpu-layers, as free memory allows)",
     )
-    p.add_argument(
-        "--no-question-aware",
-        dest="question_aware",
-        action="store_false",
-        help="score with the document's own attention, not the question's",
-    )
-    p.add_argument(
-        "--positions",
-        choices=list(POSITION_MODES),
-        default="compact",
-        help="renumber kept tokens after eviction (compact, default), keep the "
-        "positions they were read at (original, as in the papers), or shorten each "
-        "hole to a few positions (bounded)",
-    )
-    p.add_argument(
-        "--flash-attn",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="flash attention (policies that read attention always run without it)",
-    )
-    types.kv_options(p)
-    p.add_argument(
-        "--answer-prefix",
-        default="",
-        metavar="TEXT",
-        help="text the answer starts with (helps base models: 'The pass key is')",
-    )
+
+
+def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
+    _files(p, many)
+    for flags, kwargs in _request_options():
+        p.add_argument(*flags, **kwargs)
     _model_options(p)
     p.add_argument(
         "--threads",
@@ -149,25 +141,6 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         default=None,
         metavar="N",
         help=f"CPU threads, 1 to {types.logical_cpus()} (default: the physical cores)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=types.at_least(1, "tokens"),
-        default=128,
-        metavar="N",
-        help="the longest answer, in tokens (default: 128)",
-    )
-    p.add_argument(
-        "--temperature", type=types.temperature, default=0.0, help="0 is greedy (default)"
-    )
-    p.add_argument("--top-p", type=types.top_p, default=1.0, help="in (0, 1] (default: 1)")
-    p.add_argument("--seed", type=types.at_least(0), default=None, metavar="N")
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=None,
-        metavar="TEXT",
-        help="stop string (repeatable; default: the prompt's own)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -301,38 +274,64 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write(f"note: {engine.model.device_note}\n")
         with settings.open(engine) as session:
             _install_sigint(session)
-            if args.command == "ask":
-                events = settings.ask(session, text, args.question)
-            else:
-                events = settings.summarize(session, text)
-            if not args.json and settings.answer_prefix:
-                out.write(settings.answer_prefix)
-            show_progress = not args.json and err.isatty()
-            done: Done | None = None
-            for event in events:
-                if isinstance(event, (Progress, Evicted)):
-                    monitor.sample()
-                if isinstance(event, Progress) and show_progress:
-                    err.write(
-                        f"\rreading {event.done}/{event.total} tokens, "
-                        f"{event.stats.evicted_tokens} evicted"
-                    )
-                    err.flush()
-                elif isinstance(event, Token) and not args.json:
-                    if show_progress and event.stats.generated_tokens == 1:
-                        err.write("\r\033[K")
-                    out.write(event.text)
-                    out.flush()
-                elif isinstance(event, Done):
-                    done = event
+            done = _answer(args, settings, session, text, monitor, out, err)
             monitor.sample()
-            if args.show_kept is not None and done is not None:
+            if args.show_kept is not None:
                 _write_kept(args, session, engine.model_name, settings.answer(done.text))
+        result = _result(done, settings.answer(done.text), monitor, engine)
     monitor.close()
+    if args.json:
+        out.write(json.dumps(result) + "\n")
+    else:
+        out.write("\n")
+        out.flush()
+        err.write(_summary_line(result) + "\n")
+    return 0
+
+
+def _answer(
+    args: argparse.Namespace,
+    settings: RequestSpec,
+    session: Session,
+    text: str,
+    monitor: MemoryMonitor,
+    out: TextIO,
+    err: TextIO,
+) -> Done:
+    """Read ``text`` and write the answer as it comes (progress on a terminal)."""
+    if args.command == "ask":
+        events = settings.ask(session, text, args.question)
+    else:
+        events = settings.summarize(session, text)
+    if not args.json and settings.answer_prefix:
+        out.write(settings.answer_prefix)
+    show_progress = not args.json and err.isatty()
+    done: Done | None = None
+    for event in events:
+        if isinstance(event, (Progress, Evicted)):
+            monitor.sample()
+        if isinstance(event, Progress) and show_progress:
+            err.write(
+                f"\rreading {event.done}/{event.total} tokens, {event.stats.evicted_tokens} evicted"
+            )
+            err.flush()
+        elif isinstance(event, Token) and not args.json:
+            if show_progress and event.stats.generated_tokens == 1:
+                err.write("\r\033[K")
+            out.write(event.text)
+            out.flush()
+        elif isinstance(event, Done):
+            done = event
     assert done is not None
+    return done
+
+
+def _result(done: Done, answer: str, monitor: MemoryMonitor, engine: Engine) -> dict[str, Any]:
+    """``--json``'s object: the answer and its figures (bytes, tokens, seconds)."""
     s = done.stats
-    result = {
-        "answer": settings.answer(done.text),
+    gpu_seen = monitor.gpu_note is None
+    return {
+        "answer": answer,
         "policy": s.policy,
         "budget_tokens": s.budget_tokens,
         "prompt_tokens": s.prompt_tokens,
@@ -357,23 +356,14 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         "score_s": s.score_s,
         "finish_reason": done.reason,
         "rss_peak_bytes": monitor.rss_peak_bytes,
-        "gpu_peak_bytes": monitor.gpu_peak_bytes if monitor.gpu_note is None else None,
+        "gpu_peak_bytes": monitor.gpu_peak_bytes if gpu_seen else None,
         # this process's own (weights, KV, buffers): what the app plots and the GPU check
-        "gpu_process_peak_bytes": (
-            monitor.process_gpu_peak_bytes if monitor.gpu_note is None else None
-        ),
+        "gpu_process_peak_bytes": monitor.process_gpu_peak_bytes if gpu_seen else None,
         "gpu": monitor.gpu_note or "NVIDIA GPU",
         "model": engine.model_name,
         "cpu_path": engine.model.cpu_path.describe(),
         "repack": engine.model.cpu_path.repack,
     }
-    if args.json:
-        out.write(json.dumps(result) + "\n")
-    else:
-        out.write("\n")
-        out.flush()
-        err.write(_summary_line(result) + "\n")
-    return 0
 
 
 def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:
@@ -489,5 +479,3 @@ def _silence(out: TextIO) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, fd)
         os.close(devnull)
-
-

@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 from ..native.kvmemory import KV_TYPES, SWA_CACHES
 
@@ -80,19 +81,31 @@ def top_p(text: str) -> float:
     return value
 
 
+KV_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (
+        ("--kv-type",),
+        {
+            "choices": list(KV_TYPES),
+            "default": "f16",
+            "help": "KV cache type: q8_0/q4_0 quantize K, and V too where flash attention "
+            "runs (streaming, full); policies that read attention keep V in f16 (default: f16)",
+        },
+    ),
+    (
+        ("--swa-cache",),
+        {
+            "choices": list(SWA_CACHES),
+            "default": "window",
+            "help": "sliding-window layers (Gemma 2/3, gpt-oss, ...) hold window + chunk "
+            "cells (window, llama.cpp's default) or a cell per held token (full) "
+            "(default: window)",
+        },
+    ),
+)
+"""--kv-type and --swa-cache (ask, summarize, chat, serve)."""
+
+
 def kv_options(p: argparse.ArgumentParser) -> None:
-    """--kv-type and --swa-cache (ask, summarize, serve)."""
-    p.add_argument(
-        "--kv-type",
-        choices=list(KV_TYPES),
-        default="f16",
-        help="KV cache type: q8_0/q4_0 quantize K, and V too where flash attention runs "
-        "(streaming, full); policies that read attention keep V in f16 (default: f16)",
-    )
-    p.add_argument(
-        "--swa-cache",
-        choices=list(SWA_CACHES),
-        default="window",
-        help="sliding-window layers (Gemma 2/3, gpt-oss, ...) hold window + chunk cells "
-        "(window, llama.cpp's default) or a cell per held token (full) (default: window)",
-    )
+    """--kv-type and --swa-cache (serve)."""
+    for flags, kwargs in KV_OPTIONS:
+        p.add_argument(*flags, **kwargs)
