@@ -26,6 +26,7 @@ OPTIONS = [
     "--budget", "512",
     "--chunk", "64",
     "--positions", "original",
+    "--position-gap", "8",
     "--no-question-aware",
     "--flash-attn", "off",
     "--kv-type", "q8_0",
@@ -43,6 +44,7 @@ SESSION = {
     "chunk_tokens": 64,
     "question_aware": False,
     "positions": "original",
+    "position_gap": 8,
     "flash_attn": "off",
     "kv_type": "q8_0",
     "swa_cache": "full",
@@ -243,3 +245,21 @@ def test_parallel_summaries_use_the_same_config(engine):
             assert pool.cells == 512  # budget + chunk (348), as llama.cpp rounds them
     finally:
         pool.close()
+
+
+def test_position_gap_bounds_the_holes_of_bounded_positions():
+    """``--position-gap`` (added as one SessionOptions field and one flag: issue 21's
+    proof) is the hole ``bounded`` leaves; compact closes holes, original keeps them."""
+    from engine.errors import ConfigError
+    from engine.session.config import BOUNDED_GAP, SessionConfig
+
+    assert RequestSpec(positions="bounded", position_gap=8).hole() == 8
+    assert RequestSpec(positions="bounded").hole() == BOUNDED_GAP
+    assert RequestSpec(positions="compact", position_gap=8).hole() == 0
+    assert RequestSpec(positions="original").hole() is None
+    spec = RequestSpec.from_args(cli.parse_args(["ask", "x.txt", "-q", "?", "--position-gap", "3"]))
+    assert spec.position_gap == 3 and SessionConfig(**spec.options()).hole() == 0
+    with pytest.raises(ConfigError, match="position_gap must be >= 1"):
+        RequestSpec(position_gap=0)
+    with pytest.raises(ConfigError, match="at least 1"):
+        cli.parse_args(["ask", "x.txt", "-q", "?", "--position-gap", "0"])

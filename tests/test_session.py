@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from docs_for_tests import (
     PASSKEY_PREFIX,
@@ -255,3 +256,15 @@ def test_a_question_longer_than_the_trained_context_says_so(engine):
     s = engine.session("snapkv", 128, chunk_tokens=64, max_position=512)
     with s, pytest.raises(ConfigError, match="more than the model's trained context"):
         Session.collect(s.ask(prose(40), "Who? " * 600, max_tokens=4))
+
+
+@pytest.mark.parametrize("gap", [1, 8])
+def test_bounded_positions_leave_holes_of_at_most_position_gap(engine, gap):
+    """``positions="bounded"`` with ``position_gap``: after every eviction the held
+    tokens' positions step by at most ``gap + 1`` (a hole of ``gap`` positions)."""
+    with engine.session("snapkv", 128, chunk_tokens=64, positions="bounded", position_gap=gap) as s:
+        list(s.feed(engine.model.tokenize(prose(30, seed=2)), logits=False))
+        assert s.stats.evictions > 0
+        steps = np.diff(s.cache.lpos)
+        assert steps.max() <= gap + 1 and steps.min() >= 1
+        assert (steps > 1).any(), "evictions left holes"

@@ -28,7 +28,7 @@ from ..native.monitor import MemoryMonitor
 from ..policies import POLICIES, help_lines, make_policy
 from ..runtime.engine import Engine
 from ..runtime.spec import RequestSpec
-from ..session.core import MIN_CHUNK, POSITION_MODES, Session
+from ..session.core import BOUNDED_GAP, MIN_CHUNK, POSITION_MODES, Session
 from ..stats import Done, Evicted, Progress, Token
 from . import bench as bench_cli
 from . import chat as chat_cli
@@ -90,6 +90,9 @@ def _request_options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
             "help": "renumber kept tokens after eviction (compact, default), keep the "
             "positions they were read at (original, as in the papers), or shorten each "
             "hole to a few positions (bounded)"}),
+        (("--position-gap",), {"type": types.at_least(1, "positions"), "default": BOUNDED_GAP,
+            "metavar": "N", "help": f"the longest hole --positions bounded leaves "
+            f"(default: {BOUNDED_GAP})"}),
         (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": "auto",
             "help": "flash attention (policies that read attention always run without it)"}),
         *types.KV_OPTIONS,

@@ -33,7 +33,8 @@ class SessionOptions:
     ``chunk_tokens``: tokens read between evictions (None: budget / 4).
     ``positions``: see ``POSITION_MODES``. Compact is the default because on the
     default model it decides whether a kept fact is found at all (a 9K-token
-    passkey document, budget 1024: found with compact, missed with original).
+    passkey document, budget 1024: found with compact, missed with original);
+    ``position_gap``: the longest hole ``bounded`` leaves, in positions.
     ``kv_type``: K cache type, and V's too where flash attention runs (policies
     that read no attention);
     ``swa_cache``: see ``kvmemory.SWA_CACHES`` (the budget bounds the global layers,
@@ -48,6 +49,7 @@ class SessionOptions:
     chunk_tokens: int | None = None
     question_aware: bool = True
     positions: str = "compact"
+    position_gap: int = BOUNDED_GAP
     flash_attn: str = "auto"
     kv_type: str | None = None
     swa_cache: str | None = None
@@ -69,6 +71,8 @@ class SessionOptions:
             raise ConfigError(f"positions must be one of {', '.join(POSITION_MODES)}")
         if self.recall_tokens is not None and self.recall_tokens < 0:
             raise ConfigError("recall_tokens must be >= 0")
+        if self.position_gap < 1:
+            raise ConfigError(f"position_gap must be >= 1, got {self.position_gap}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -91,8 +95,8 @@ class SessionOptions:
 
     def hole(self) -> int | None:
         """The longest hole an eviction may leave in the positions: 0 (compact),
-        ``BOUNDED_GAP`` (bounded), or None (original: holes stay)."""
-        return {"compact": 0, "bounded": BOUNDED_GAP}.get(self.positions)
+        ``position_gap`` (bounded), or None (original: holes stay)."""
+        return {"compact": 0, "bounded": self.position_gap}.get(self.positions)
 
 
 @dataclass(frozen=True)
