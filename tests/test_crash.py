@@ -190,3 +190,65 @@ def test_info_and_json_say_which_cpu_path_runs(tmp_path):
     assert main(args, out, io.StringIO()) == 0
     result = json.loads(out.getvalue())
     assert result["cpu_path"].startswith("repacking ") and isinstance(result["repack"], bool)
+
+
+ABORT_WHILE_LOADING = textwrap.dedent(
+    """
+    import os, sys
+    import llama_cpp
+    from llama_cpp import _internals
+    from engine.native import crashlog
+    from engine.native.model import Model
+
+    crashlog.arm()
+
+    def aborting_load(*args, **kw):  # what llama.cpp's GGML_ASSERT does to a bad file
+        os.abort()
+
+    _internals.LlamaModel = aborting_load
+    Model(sys.argv[1])
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_abort_while_loading_says_the_model_file_looks_corrupt(tmp_path, monkeypatch):
+    """Issue 23, FAIL 4: the next start's note names the model file, not --repack off."""
+    from engine.native.model import default_model_path
+
+    crashes = tmp_path / "crashes"
+    env = {**os.environ, "KVTRIM_CRASH_DIR": str(crashes)}
+    model = default_model_path()
+    child = subprocess.run(
+        [sys.executable, "-c", ABORT_WHILE_LOADING, str(model)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert child.returncode == -signal.SIGABRT, child.stderr[-2000:]
+    monkeypatch.setenv("KVTRIM_CRASH_DIR", str(crashes))
+    report = crashlog.take_last_crash()
+    assert report is not None
+    message = report.message()
+    assert f"while llama.cpp loaded {model}" in message and "looks corrupt" in message
+    assert "--repack" not in message
+
+
+def test_phase_lines_alone_are_no_crash(tmp_path, monkeypatch):
+    """A run that noted its phases and was killed (no fatal report) is no crash."""
+    crashes = tmp_path / "crashes"
+    crashes.mkdir()
+    (crashes / "crash-999997.log").write_text(
+        "kvtrim pid 999997 started\nphase: loading model /m.gguf\nphase: running\n"
+    )
+    monkeypatch.setenv("KVTRIM_CRASH_DIR", str(crashes))
+    assert crashlog.take_last_crash() is None
+    (crashes / "crash-999996.log").write_text(
+        "kvtrim pid 999996 started\nphase: loading model /m.gguf\nphase: running\n"
+        "Fatal Python error: Aborted\n"
+    )
+    report = crashlog.take_last_crash()
+    assert report is not None and report.phase == "running"
+    assert "--repack off" in report.message()

@@ -50,3 +50,17 @@ def test_implausible_metadata_is_one_line_about_the_model(tmp_path, key, value, 
         Engine(path)
     text = str(caught.value)
     assert message in text and "corrupt or badly edited" in text and str(path) in text
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(1000, "declares 1,000 layers"), (0, "declares 0 layers"), (17, "holds tensors for 18")],
+)
+def test_a_layer_count_llama_cpp_aborts_on_is_one_line(tmp_path, value, message):
+    """Issue 23, FAIL 4: block_count 1000 (or 0) ended the process with SIGABRT and
+    nothing on stderr; now it is refused before llama.cpp reads the file."""
+    path = _patched(tmp_path / "blocks.gguf", "gemma3.block_count", value)
+    with pytest.raises(ModelError) as caught:
+        Engine(path)
+    text = str(caught.value)
+    assert message in text and "corrupt or badly edited" in text and str(path) in text

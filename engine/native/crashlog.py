@@ -26,6 +26,8 @@ from platformdirs import user_data_dir
 CRASH_ENV = "KVTRIM_CRASH_DIR"  # overrides the folder (tests, bundles)
 _KEEP = 5  # reported logs kept
 _NATIVE_MARKS = ("llama_cpp", "native/context.py", "native\\context.py", "llama_decode", "ggml")
+_PHASE = "phase: "  # a line naming what the process was doing, not a crash report
+LOADING = "loading model "
 _state: dict[str, IO[str] | Path] = {}
 
 
@@ -55,6 +57,17 @@ def arm() -> Path | None:
     return path
 
 
+def phase(text: str) -> None:
+    """Note in the log what the process does now (``LOADING`` + the model's path, or
+    "running"): a crash report then says it. Nothing when the log is not armed."""
+    handle = _state.get("file")
+    if handle is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        handle.write(f"{_PHASE}{text}\n")  # type: ignore[union-attr]
+        handle.flush()  # type: ignore[union-attr]
+
+
 def disarm() -> None:
     """A clean exit: stop writing and remove this process's (empty) log."""
     handle, path = _state.pop("file", None), _state.pop("path", None)
@@ -73,8 +86,15 @@ class CrashReport:
     log: Path
     in_llama: bool
     first_line: str
+    phase: str = ""  # what it was doing (see ``phase``)
 
     def message(self) -> str:
+        if self.phase.startswith(LOADING):
+            model = self.phase.removeprefix(LOADING)
+            return (
+                f"the last kvtrim run crashed while llama.cpp loaded {model}: the model file "
+                f"looks corrupt or is not supported by this llama.cpp; log: {self.log}"
+            )
         where = "in llama.cpp (native code)" if self.in_llama else "with a fatal error"
         return (
             f"the last kvtrim run crashed {where}; log: {self.log}. "
@@ -89,7 +109,7 @@ def _is_crash(path: Path) -> tuple[bool, str]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False, ""
-    lines = text.splitlines()
+    lines = [ln for ln in text.splitlines() if not ln.startswith(_PHASE)]
     return len(lines) > 1, text
 
 
@@ -116,8 +136,11 @@ def take_last_crash() -> CrashReport | None:
             path.rename(kept)
         except OSError:
             continue
-        fatal = next((ln for ln in text.splitlines()[1:] if ln.strip()), "")
-        report = CrashReport(kept, any(m in text for m in _NATIVE_MARKS), fatal.strip())
+        lines = text.splitlines()[1:]
+        fatal = next((ln for ln in lines if ln.strip() and not ln.startswith(_PHASE)), "")
+        phases = [ln.removeprefix(_PHASE) for ln in lines if ln.startswith(_PHASE)]
+        in_llama = any(m in text for m in _NATIVE_MARKS)
+        report = CrashReport(kept, in_llama, fatal.strip(), phases[-1] if phases else "")
     _prune(folder)
     return report
 

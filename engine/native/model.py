@@ -19,7 +19,7 @@ from llama_cpp import _internals
 from platformdirs import user_cache_dir
 
 from ..errors import ModelError
-from . import _ggml
+from . import _ggml, crashlog, gguf_header
 from .cpu import CpuPath, gpu_backends, resolve_repack, system_info
 from .kvmemory import KVLayout, layout
 
@@ -291,9 +291,13 @@ class Model:
         self._edges: dict[int, tuple[bool, bool, bool]] = {}
         model_path = Path(path) if path is not None else default_model_path()
         check_gguf(model_path)
+        why = gguf_header.check(model_path)  # what llama.cpp would abort on, not fail
+        if why is not None:
+            raise ModelError(f"{model_path}: {why}; the file is corrupt or badly edited")
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_extra_bufts = self.cpu_path.repack
+        crashlog.phase(f"{crashlog.LOADING}{model_path}")  # an abort here: a bad file
         try:
             self._model = _internals.LlamaModel(
                 path_model=str(model_path), params=params, verbose=False
@@ -302,6 +306,8 @@ class Model:
             raise ModelError(
                 f"llama.cpp could not load {model_path} (corrupt or unsupported)"
             ) from exc
+        finally:
+            crashlog.phase("running")
         self.n_gpu_layers = n_gpu_layers
         try:
             self.info = self._read_info(model_path)
