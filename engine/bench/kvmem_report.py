@@ -9,6 +9,7 @@ from typing import Any
 from . import figures
 
 _MB = 2**20
+Target = tuple[str, str, bool]  # (target, what was measured, met?)
 
 
 def _part(result: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -27,9 +28,6 @@ def _cell(text: str) -> str:
 def _hits(rs: list[dict[str, Any]], task: str) -> str:
     sel = [r for r in rs if r.get("task") == task]
     return f"{sum(r['hit'] for r in sel)}/{len(sel)}" if sel else "-"
-
-
-Target = tuple[str, str, bool]
 
 
 def _alloc_targets(alloc: list[dict[str, Any]]) -> list[Target]:
@@ -104,6 +102,7 @@ def _swa_targets(swa: list[dict[str, Any]]) -> list[Target]:
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
+    """The issue's targets, judged from the records."""
     return [
         *_alloc_targets(_part(result, "alloc")),
         *_long_targets(_part(result, "long")),
@@ -195,6 +194,7 @@ def _quality_table(records: list[dict[str, Any]], key: str, title: str, column: 
 
 
 def markdown(result: dict[str, Any], plots: list[str]) -> str:
+    """``kvmem.md``: a table per part the run has, the targets and the plots."""
     cfg = result["config"]
     at = f"{cfg['quality_length']:,} tokens, budget {cfg['quality_budget']:,}"
     lines = [

@@ -11,6 +11,7 @@ from . import figures
 
 _MB = 2**20
 STYLES = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
+Target = tuple[str, str, bool]  # (target, what was measured, met?)
 
 
 def _mean(values: list[float]) -> float:
@@ -65,10 +66,8 @@ def _gpu_line(records: list[dict[str, Any]]) -> str:
     return f"NVML peak {max(peaks) / _MB:.0f} MB used on the device"
 
 
-Target = tuple[str, str, bool]
-
-
 def _needle_target(q: list[dict[str, Any]], length: int) -> Target | None:
+    """At budget 1/8, SnapKV's passkey accuracy against streaming's."""
     eighth = [r for r in q if r["budget_tokens"] == length // 8]
     snap = next((r for r in eighth if r["policy"] == SnapKV.name), None)
     stream = next((r for r in eighth if r["policy"] == StreamingLLM.name), None)
@@ -85,6 +84,7 @@ def _needle_target(q: list[dict[str, Any]], length: int) -> Target | None:
 
 
 def _agreement_target(q: list[dict[str, Any]], length: int) -> Target | None:
+    """At budget 1/4, the best evicting policy's top-1 agreement with the full cache."""
     quarter = [r for r in q if r["budget_tokens"] == length // 4 and not keeps_all(r["policy"])]
     if not quarter:
         return None
@@ -97,6 +97,7 @@ def _agreement_target(q: list[dict[str, Any]], length: int) -> Target | None:
 
 
 def _capture_target(q: list[dict[str, Any]]) -> Target | None:
+    """The largest share of prefill time spent capturing and scoring attention."""
     shares = [r["capture_score_share"] for r in q if reads_attention(r["policy"])]
     if not shares:
         return None
@@ -105,6 +106,7 @@ def _capture_target(q: list[dict[str, Any]]) -> Target | None:
 
 
 def _decode_target(s: list[dict[str, Any]]) -> Target | None:
+    """SnapKV's decode speed against the full cache's at the longest document."""
     longest = max((r["length"] for r in s), default=0)
     at_longest = {r["policy"]: r for r in s if r["length"] == longest}
     if not (Full.name in at_longest and SnapKV.name in at_longest):
@@ -120,6 +122,7 @@ def _decode_target(s: list[dict[str, Any]]) -> Target | None:
 
 
 def _flat_target(s: list[dict[str, Any]]) -> Target | None:
+    """One KV peak per bounded policy, whatever the document length."""
     bounded = defaultdict(set)
     for r in s:
         if evicts(r["policy"]):
@@ -236,6 +239,7 @@ def _maps_section(needle_maps: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
+    """``report.md``: the run, both experiments' tables, the targets, the maps and plots."""
     # kv_ratio is against llama.cpp's default since the runs that record it; before, full
     new = any("kv_bytes_llama_default" in r for r in result["records"])
     base = "llama.cpp default" if new else "full"
