@@ -6,7 +6,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from . import figures
+
 _MB = 2**20
+Target = tuple[str, str, bool]  # (target, what was measured, met?)
 
 
 def _part(result: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -27,39 +30,47 @@ def _hits(rs: list[dict[str, Any]], task: str) -> str:
     return f"{sum(r['hit'] for r in sel)}/{len(sel)}" if sel else "-"
 
 
-def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    out: list[tuple[str, str, bool]] = []
-    alloc = _part(result, "alloc")
-    if alloc:
-        over = [r for r in alloc if r["kv_bytes"] > r["kv_bytes_llama_default"] + r["chunk_bytes"]]
+def _alloc_targets(alloc: list[dict[str, Any]]) -> list[Target]:
+    """The allocation against llama.cpp's default, and at 64K tokens one tenth of it."""
+    if not alloc:
+        return []
+    over = [r for r in alloc if r["kv_bytes"] > r["kv_bytes_llama_default"] + r["chunk_bytes"]]
+    out = [
+        (
+            "KV held <= llama.cpp default + one chunk, every length and budget",
+            f"{len(alloc) - len(over)}/{len(alloc)} cases",
+            not over,
+        )
+    ]
+    for r in (r for r in alloc if r["length"] >= 65536 and r["budget"] == 1024):
+        ratio = r["kv_bytes"] / r["kv_bytes_llama_default"]
         out.append(
             (
-                "KV held <= llama.cpp default + one chunk, every length and budget",
-                f"{len(alloc) - len(over)}/{len(alloc)} cases",
-                not over,
+                "64K tokens, budget 1,024: KV <= 1/10 of llama.cpp default",
+                f"{_mb(r['kv_bytes'])} MB vs {_mb(r['kv_bytes_llama_default'])} MB "
+                f"(1/{1 / ratio:.1f})",
+                ratio <= 0.1,
             )
         )
-        far = [r for r in alloc if r["length"] >= 65536 and r["budget"] == 1024]
-        for r in far:
-            ratio = r["kv_bytes"] / r["kv_bytes_llama_default"]
-            out.append(
-                (
-                    "64K tokens, budget 1,024: KV <= 1/10 of llama.cpp default",
-                    f"{_mb(r['kv_bytes'])} MB vs {_mb(r['kv_bytes_llama_default'])} MB "
-                    f"(1/{1 / ratio:.1f})",
-                    ratio <= 0.1,
-                )
-            )
-    for r in _part(result, "long"):
-        if r["length"] >= 60000 and r["task"] == "passkey_real":
-            out.append(
-                (
-                    f"{r['length']:,}-token real text, budget {r['budget']}: key found whole",
-                    f"'{_cell(r['answer'])}' for {r['key']}",
-                    bool(r["hit"]),
-                )
-            )
-    swa = _part(result, "swa")
+    return out
+
+
+def _long_targets(long: list[dict[str, Any]]) -> list[Target]:
+    """The key found in the longest real-text documents."""
+    return [
+        (
+            f"{r['length']:,}-token real text, budget {r['budget']}: key found whole",
+            f"'{_cell(r['answer'])}' for {r['key']}",
+            bool(r["hit"]),
+        )
+        for r in long
+        if r["length"] >= 60000 and r["task"] == "passkey_real"
+    ]
+
+
+def _swa_targets(swa: list[dict[str, Any]]) -> list[Target]:
+    """Per policy, the window cache's passkey and KL against swa_full."""
+    out: list[Target] = []
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in swa:
         by[(r["policy"], r["swa_cache"])].append(r)
@@ -90,9 +101,17 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return out
 
 
-def markdown(result: dict[str, Any], plots: list[str]) -> str:
-    cfg = result["config"]
-    lines = [
+def targets(result: dict[str, Any]) -> list[Target]:
+    """The issue's targets, judged from the records."""
+    return [
+        *_alloc_targets(_part(result, "alloc")),
+        *_long_targets(_part(result, "long")),
+        *_swa_targets(_part(result, "swa")),
+    ]
+
+
+def _intro(result: dict[str, Any]) -> list[str]:
+    return [
         "# KV memory against llama.cpp's default",
         "",
         f"Command: `{result['command']}`  ",
@@ -105,72 +124,96 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
         "cells or fewer for a short text; sliding-window layers: window + chunk).",
         "",
     ]
-    alloc = _part(result, "alloc")
-    if alloc:
-        budgets = sorted({r["budget"] for r in alloc})
-        lines += [
-            "## KV cache allocated (MB) by document length",
-            "",
-            "| tokens | llama.cpp default | swa_full | "
-            + " | ".join(f"kvtrim {b:,}" for b in budgets)
-            + " |",
-            "|---:|---:|---:|" + "---:|" * len(budgets),
-        ]
-        for length in sorted({r["length"] for r in alloc}):
-            rs = {r["budget"]: r for r in alloc if r["length"] == length}
-            first = next(iter(rs.values()))
-            cells = []
-            for b in budgets:
-                r = rs[b]
-                ratio = r["kv_bytes"] / r["kv_bytes_llama_default"]
-                cells.append(f"{_mb(r['kv_bytes'])} ({ratio:.2f}x)")
-            lines.append(
-                f"| {length:,} | {_mb(first['kv_bytes_llama_default'])} | "
-                f"{_mb(first['kv_bytes_full'])} | " + " | ".join(cells) + " |"
-            )
-        lines.append("")
-    long = _part(result, "long")
-    if long:
-        lines += [
-            f"## Passkey over long documents ({cfg['long_policy']}, budget "
-            f"{cfg['long_budget']:,}, read for real)",
-            "",
-            "| tokens | haystack | answer | found | KV held MB | llama.cpp default MB | "
-            "ratio | prefill tok/s |",
-            "|---:|---|---|:-:|---:|---:|---:|---:|",
-        ]
-        for r in long:
-            lines.append(
-                f"| {r['prompt_tokens']:,} | {r['task'][8:]} | `{_cell(r['answer'])}` | "
-                f"{'yes' if r['hit'] else 'no'} | {_mb(r['kv_bytes_peak'])} | "
-                f"{_mb(r['kv_bytes_llama_default'])} | "
-                f"1/{r['kv_bytes_llama_default'] / r['kv_bytes_peak']:.1f} | "
-                f"{r['prefill_tokens_per_s']:.0f} |"
-            )
-        lines.append("")
-    swa = _part(result, "swa")
-    if swa:
-        lines += [
-            f"## Sliding-window cache against swa_full ({cfg['quality_length']:,} tokens, "
-            f"budget {cfg['quality_budget']:,})",
-            "",
-            "| policy | SWA cache | passkey filler | passkey real | KL (nats) | top-1 | KV MB |",
-            "|---|---|:-:|:-:|---:|---:|---:|",
-        ]
-        lines += _quality_rows(swa, "swa_cache")
-        lines.append("")
-    kvt = _part(result, "kv_type")
-    if kvt:
-        lines += [
-            f"## Quantized KV caches ({cfg['quality_length']:,} tokens, budget "
-            f"{cfg['quality_budget']:,}; f16 is the window row above)",
-            "",
-            "| policy | KV type (K/V) | passkey filler | passkey real | KL (nats) | top-1 "
-            "| KV MB |",
-            "|---|---|:-:|:-:|---:|---:|---:|",
-        ]
-        lines += _quality_rows(kvt, "kv_type")
-        lines.append("")
+
+
+def _alloc_table(alloc: list[dict[str, Any]]) -> list[str]:
+    """KV allocated by document length: llama.cpp's default, swa_full and kvtrim at
+    each budget (nothing without the ``alloc`` part)."""
+    if not alloc:
+        return []
+    budgets = sorted({r["budget"] for r in alloc})
+    lines = [
+        "## KV cache allocated (MB) by document length",
+        "",
+        "| tokens | llama.cpp default | swa_full | "
+        + " | ".join(f"kvtrim {b:,}" for b in budgets)
+        + " |",
+        "|---:|---:|---:|" + "---:|" * len(budgets),
+    ]
+    for length in sorted({r["length"] for r in alloc}):
+        rs = {r["budget"]: r for r in alloc if r["length"] == length}
+        first = next(iter(rs.values()))
+        cells = []
+        for b in budgets:
+            r = rs[b]
+            ratio = r["kv_bytes"] / r["kv_bytes_llama_default"]
+            cells.append(f"{_mb(r['kv_bytes'])} ({ratio:.2f}x)")
+        lines.append(
+            f"| {length:,} | {_mb(first['kv_bytes_llama_default'])} | "
+            f"{_mb(first['kv_bytes_full'])} | " + " | ".join(cells) + " |"
+        )
+    return [*lines, ""]
+
+
+def _long_table(long: list[dict[str, Any]], cfg: dict[str, Any]) -> list[str]:
+    """The passkey runs over long documents, read for real (nothing without them)."""
+    if not long:
+        return []
+    lines = [
+        f"## Passkey over long documents ({cfg['long_policy']}, budget "
+        f"{cfg['long_budget']:,}, read for real)",
+        "",
+        "| tokens | haystack | answer | found | KV held MB | llama.cpp default MB | "
+        "ratio | prefill tok/s |",
+        "|---:|---|---|:-:|---:|---:|---:|---:|",
+    ]
+    for r in long:
+        lines.append(
+            f"| {r['prompt_tokens']:,} | {r['task'][8:]} | `{_cell(r['answer'])}` | "
+            f"{'yes' if r['hit'] else 'no'} | {_mb(r['kv_bytes_peak'])} | "
+            f"{_mb(r['kv_bytes_llama_default'])} | "
+            f"1/{r['kv_bytes_llama_default'] / r['kv_bytes_peak']:.1f} | "
+            f"{r['prefill_tokens_per_s']:.0f} |"
+        )
+    return [*lines, ""]
+
+
+def _quality_table(records: list[dict[str, Any]], key: str, title: str, column: str) -> list[str]:
+    """Passkey, KL and KV by policy and ``key`` (the SWA cache or the KV type), headed
+    ``title`` (nothing without records)."""
+    if not records:
+        return []
+    return [
+        f"## {title}",
+        "",
+        f"| policy | {column} | passkey filler | passkey real | KL (nats) | top-1 | KV MB |",
+        "|---|---|:-:|:-:|---:|---:|---:|",
+        *_quality_rows(records, key),
+        "",
+    ]
+
+
+def markdown(result: dict[str, Any], plots: list[str]) -> str:
+    """``kvmem.md``: a table per part the run has, the targets and the plots."""
+    cfg = result["config"]
+    at = f"{cfg['quality_length']:,} tokens, budget {cfg['quality_budget']:,}"
+    lines = [
+        *_intro(result),
+        *_alloc_table(_part(result, "alloc")),
+        *_long_table(_part(result, "long"), cfg),
+        *_quality_table(
+            _part(result, "swa"),
+            "swa_cache",
+            f"Sliding-window cache against swa_full ({at})",
+            "SWA cache",
+        ),
+        *_quality_table(
+            _part(result, "kv_type"),
+            "kv_type",
+            f"Quantized KV caches ({at}; f16 is the window row above)",
+            "KV type (K/V)",
+        ),
+    ]
     lines += ["## Targets", ""]
     for name, measured, ok in targets(result):
         lines.append(f"- {'met' if ok else 'MISSED'}: {name}: {measured}")
@@ -204,11 +247,8 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     alloc = _part(result, "alloc")
     if not alloc:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    plt = figures.pyplot()
+    from matplotlib.ticker import ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     lengths = sorted({r["length"] for r in alloc})
@@ -241,18 +281,14 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel("KV cache allocated (MB, log scale)")
     ax.set_title(f"KV memory, {result['model']}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    name = "kv_bytes_vs_length.png"
-    fig.savefig(out_dir / name, dpi=110)
-    plt.close(fig)
-    return [name]
+    return [figures.save(fig, out_dir, "kv_bytes_vs_length.png")]
 
 
 def write(result: dict[str, Any], out_dir: Path) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 from ..native.monitor import MemoryMonitor
 from ..policies import evicts
 from ..runtime.engine import Engine
+from ..session.core import Session
 from ..stats import Done, Recalled
 from .records import Records
 from .tasks import _drain, real_text
@@ -113,6 +114,37 @@ def _turn(events: Any, monitor: MemoryMonitor) -> tuple[Done, float, int]:
     return done, time.perf_counter() - start, recalled
 
 
+def _questions(
+    s: Session, mode: str, doc: str, facts: list[Fact], monitor: MemoryMonitor, max_tokens: int
+) -> tuple[list[dict[str, Any]], int]:
+    """One question per fact in ``s`` after its summary (``reread``: a fresh read of
+    ``doc`` with each); each answer's record, and the most cells ``s`` held."""
+    peak = s.stats.cells_peak
+    answers: list[dict[str, Any]] = []
+    for fact in facts:
+        if mode == "reread":
+            events = s.ask(
+                doc, fact.question, answer_prefix=fact.answer_prefix, max_tokens=max_tokens
+            )
+        else:
+            events = s.follow_up(
+                fact.question, answer_prefix=fact.answer_prefix, max_tokens=max_tokens
+            )
+        done, seconds, recalled = _turn(events, monitor)
+        peak = max(peak, s.stats.cells_peak)
+        answers.append(
+            {
+                "question": fact.question,
+                "value": fact.value,
+                "answer": done.text.strip()[:60],
+                "hit": fact.hit(done.text),
+                "seconds": seconds,
+                "recalled_tokens": recalled,
+            }
+        )
+    return answers, peak
+
+
 def conversation(
     engine: Engine,
     policy: str,
@@ -129,33 +161,11 @@ def conversation(
     monitor = MemoryMonitor()
     recall = None if mode in ("followup", "full") else 0
     size = budget if evicts(policy) else len(engine.model.tokenize(doc)) + 256
-    answers: list[dict[str, Any]] = []
     with engine.session(policy, size, recall_tokens=recall) as s:
         start = time.perf_counter()
         summary = _drain(s.summarize(doc, max_tokens=summary_tokens), monitor)
         summary_s = time.perf_counter() - start
-        peak = s.stats.cells_peak
-        for fact in facts:
-            if mode == "reread":
-                events = s.ask(
-                    doc, fact.question, answer_prefix=fact.answer_prefix, max_tokens=answer_tokens
-                )
-            else:
-                events = s.follow_up(
-                    fact.question, answer_prefix=fact.answer_prefix, max_tokens=answer_tokens
-                )
-            done, seconds, recalled = _turn(events, monitor)
-            peak = max(peak, s.stats.cells_peak)
-            answers.append(
-                {
-                    "question": fact.question,
-                    "value": fact.value,
-                    "answer": done.text.strip()[:60],
-                    "hit": fact.hit(done.text),
-                    "seconds": seconds,
-                    "recalled_tokens": recalled,
-                }
-            )
+        answers, peak = _questions(s, mode, doc, facts, monitor, answer_tokens)
         stats = s.stats
     monitor.close()
     times = [a["seconds"] for a in answers]

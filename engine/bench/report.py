@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from ..policies import Full, SnapKV, StreamingLLM, evicts, keeps_all, reads_attention
+from . import figures
 
 _MB = 2**20
 STYLES = ["o-", "s--", "^-.", "D:", "v-", "x--", "P-."]
+Target = tuple[str, str, bool]  # (target, what was measured, met?)
 
 
 def _mean(values: list[float]) -> float:
@@ -64,77 +66,96 @@ def _gpu_line(records: list[dict[str, Any]]) -> str:
     return f"NVML peak {max(peaks) / _MB:.0f} MB used on the device"
 
 
-def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """(target, what was measured, met?) for the issue's four targets."""
-    q = quality_rows(result["records"])
-    s = scaling_rows(result["records"])
-    length = result["config"]["length"]
-    out: list[tuple[str, str, bool]] = []
+def _needle_target(q: list[dict[str, Any]], length: int) -> Target | None:
+    """At budget 1/8, SnapKV's passkey accuracy against streaming's."""
     eighth = [r for r in q if r["budget_tokens"] == length // 8]
     snap = next((r for r in eighth if r["policy"] == SnapKV.name), None)
     stream = next((r for r in eighth if r["policy"] == StreamingLLM.name), None)
-    if snap and stream:
-        acc = (snap["passkey_filler"] + snap["passkey_real"]) / 2
-        base = (stream["passkey_filler"] + stream["passkey_real"]) / 2
-        ratio = acc / base if base else float("inf")
-        out.append(
-            (
-                "budget 1/8: question-aware SnapKV needle accuracy >= 90% and >= 4x streaming",
-                f"{acc:.0%} vs streaming {base:.0%}",
-                acc >= 0.9 and ratio >= 4,
-            )
-        )
+    if not (snap and stream):
+        return None
+    acc = (snap["passkey_filler"] + snap["passkey_real"]) / 2
+    base = (stream["passkey_filler"] + stream["passkey_real"]) / 2
+    ratio = acc / base if base else float("inf")
+    return (
+        "budget 1/8: question-aware SnapKV needle accuracy >= 90% and >= 4x streaming",
+        f"{acc:.0%} vs streaming {base:.0%}",
+        acc >= 0.9 and ratio >= 4,
+    )
+
+
+def _agreement_target(q: list[dict[str, Any]], length: int) -> Target | None:
+    """At budget 1/4, the best evicting policy's top-1 agreement with the full cache."""
     quarter = [r for r in q if r["budget_tokens"] == length // 4 and not keeps_all(r["policy"])]
-    if quarter:
-        best = max(quarter, key=lambda r: r["top1_agreement"])
-        out.append(
-            (
-                "budget 1/4: top-1 agreement with the full cache >= 95% (best policy)",
-                f"{best['top1_agreement']:.1%} ({best['policy']})",
-                best["top1_agreement"] >= 0.95,
-            )
-        )
+    if not quarter:
+        return None
+    best = max(quarter, key=lambda r: r["top1_agreement"])
+    return (
+        "budget 1/4: top-1 agreement with the full cache >= 95% (best policy)",
+        f"{best['top1_agreement']:.1%} ({best['policy']})",
+        best["top1_agreement"] >= 0.95,
+    )
+
+
+def _capture_target(q: list[dict[str, Any]]) -> Target | None:
+    """The largest share of prefill time spent capturing and scoring attention."""
     shares = [r["capture_score_share"] for r in q if reads_attention(r["policy"])]
-    if shares:
-        worst = max(shares)
-        out.append(
-            ("capture and scoring <= 10% of prefill time", f"at most {worst:.1%}", worst <= 0.10)
-        )
+    if not shares:
+        return None
+    worst = max(shares)
+    return ("capture and scoring <= 10% of prefill time", f"at most {worst:.1%}", worst <= 0.10)
+
+
+def _decode_target(s: list[dict[str, Any]]) -> Target | None:
+    """SnapKV's decode speed against the full cache's at the longest document."""
     longest = max((r["length"] for r in s), default=0)
     at_longest = {r["policy"]: r for r in s if r["length"] == longest}
-    if Full.name in at_longest and SnapKV.name in at_longest:
-        full, snap_row = at_longest[Full.name], at_longest[SnapKV.name]
-        speedup = snap_row["decode_tokens_per_s"] / full["decode_tokens_per_s"]
-        out.append(
-            (
-                f"decode with a bounded budget >= 1.5x the full cache at {longest} tokens "
-                "(16,000 in the issue)",
-                f"{speedup:.2f}x (snapkv)",
-                speedup >= 1.5,
-            )
-        )
+    if not (Full.name in at_longest and SnapKV.name in at_longest):
+        return None
+    full, snap_row = at_longest[Full.name], at_longest[SnapKV.name]
+    speedup = snap_row["decode_tokens_per_s"] / full["decode_tokens_per_s"]
+    return (
+        f"decode with a bounded budget >= 1.5x the full cache at {longest} tokens "
+        "(16,000 in the issue)",
+        f"{speedup:.2f}x (snapkv)",
+        speedup >= 1.5,
+    )
+
+
+def _flat_target(s: list[dict[str, Any]]) -> Target | None:
+    """One KV peak per bounded policy, whatever the document length."""
     bounded = defaultdict(set)
     for r in s:
         if evicts(r["policy"]):
             bounded[r["policy"]].add(r["kv_bytes_peak"])
-    if bounded:
-        flat = all(len(v) == 1 for v in bounded.values())
-        out.append(
-            (
-                "KV memory flat in document length for every bounded policy",
-                "flat" if flat else "grows",
-                flat,
-            )
-        )
-    return out
+    if not bounded:
+        return None
+    flat = all(len(v) == 1 for v in bounded.values())
+    return (
+        "KV memory flat in document length for every bounded policy",
+        "flat" if flat else "grows",
+        flat,
+    )
 
 
-def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
-    m, cfg = result["machine"], result["config"]
-    # kv_ratio is against llama.cpp's default since the runs that record it; before, full
-    new = any("kv_bytes_llama_default" in r for r in result["records"])
-    base = "llama.cpp default" if new else "full"
-    lines = [
+def targets(result: dict[str, Any]) -> list[Target]:
+    """(target, what was measured, met?) for the issue's four targets."""
+    q = quality_rows(result["records"])
+    s = scaling_rows(result["records"])
+    length = result["config"]["length"]
+    found = (
+        _needle_target(q, length),
+        _agreement_target(q, length),
+        _capture_target(q),
+        _decode_target(s),
+        _flat_target(s),
+    )
+    return [t for t in found if t is not None]
+
+
+def _header(result: dict[str, Any], command: str) -> list[str]:
+    """The command, the machine, the model and the time taken."""
+    m = result["machine"]
+    return [
         "# kvtrim benchmark",
         "",
         f"Command: `{command}`  ",
@@ -146,6 +167,13 @@ def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
         f"Real text: {result['text_source']}.  ",
         f"GPU: {_gpu_line(result['records'])}.  ",
         f"Took {result['elapsed_s'] / 60:.1f} minutes.",
+    ]
+
+
+def _quality_table(result: dict[str, Any], base: str) -> list[str]:
+    """The quality experiment: a row per policy x budget."""
+    cfg = result["config"]
+    lines = [
         "",
         f"## Quality at {cfg['length']} tokens",
         "",
@@ -168,9 +196,14 @@ def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
             f"{_fmt(r['kv_ratio'], '.3f')} | {_fmt(r['prefill_tokens_per_s'], '.0f')} | "
             f"{_fmt(r['capture_score_share'], '.1%')} |"
         )
-    lines += [
+    return lines
+
+
+def _scaling_table(result: dict[str, Any], base: str) -> list[str]:
+    """The scaling experiment: a row per policy x document length."""
+    lines = [
         "",
-        f"## Memory and speed against document length (budget {cfg['scale_budget']})",
+        f"## Memory and speed against document length (budget {result['config']['scale_budget']})",
         "",
         f"| policy | length | prompt tokens | KV held MB | full-cache KV MB | KV / {base} "
         "| prefill tok/s | decode tok/s | first token s | peak RSS MB |",
@@ -186,112 +219,139 @@ def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
             f"{_fmt(r['prefill_tokens_per_s'], '.0f')} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
             f"{_fmt(r['first_token_s'], '.2f')} | {_fmt(r['rss_peak_bytes'] / _MB, '.0f')} |"
         )
+    return lines
+
+
+def _maps_section(needle_maps: list[dict[str, Any]]) -> list[str]:
+    """What each policy kept in the needle runs (``maps.py``)."""
+    from . import maps
+
+    return [
+        "",
+        "## What each policy keeps",
+        "",
+        f"One passkey run per policy ({needle_maps[0]['tokens']:,} tokens, key at "
+        f"{maps.DEPTH:.0%} of the haystack), the cache's contents when it answers "
+        "(memory_maps.png below; `kvtrim ask --show-kept` draws the same over the text):",
+        "",
+        *maps.summary(needle_maps),
+    ]
+
+
+def markdown(result: dict[str, Any], command: str, plots: list[str]) -> str:
+    """``report.md``: the run, both experiments' tables, the targets, the maps and plots."""
+    # kv_ratio is against llama.cpp's default since the runs that record it; before, full
+    new = any("kv_bytes_llama_default" in r for r in result["records"])
+    base = "llama.cpp default" if new else "full"
+    lines = [
+        *_header(result, command),
+        *_quality_table(result, base),
+        *_scaling_table(result, base),
+    ]
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for name, measured, ok in targets(result):
         lines.append(f"| {name} | {measured} | {'yes' if ok else '**no**'} |")
     if result.get("maps"):
-        from . import maps
-
-        lines += [
-            "",
-            "## What each policy keeps",
-            "",
-            f"One passkey run per policy ({result['maps'][0]['tokens']:,} tokens, key at "
-            f"{maps.DEPTH:.0%} of the haystack), the cache's contents when it answers "
-            "(memory_maps.png below; `kvtrim ask --show-kept` draws the same over the text):",
-            "",
-            *maps.summary(result["maps"]),
-        ]
+        lines += _maps_section(result["maps"])
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
-    """Accuracy against budget, KV memory and decode speed against length."""
-    import matplotlib
+def _accuracy_lines(ax: Any, q: list[dict[str, Any]], key: str) -> None:
+    """A line per evicting policy against budget; the full cache as a grey level."""
+    policies = [p for p in dict.fromkeys(r["policy"] for r in q) if not keeps_all(p)]
+    for policy in dict.fromkeys(r["policy"] for r in q):
+        rs = sorted((r for r in q if r["policy"] == policy), key=lambda r: r["budget_tokens"])
+        if keeps_all(policy):
+            ax.axhline(rs[0][key], color="grey", ls="--", label="full cache")
+            continue
+        # a small vertical offset per policy keeps equal scores visible
+        i = policies.index(policy)
+        offset = (i - (len(policies) - 1) / 2) * 0.012
+        ax.plot(
+            [r["budget_tokens"] for r in rs],
+            [r[key] + offset for r in rs],
+            STYLES[i % len(STYLES)],
+            label=policy,
+            alpha=0.85,
+        )
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
-    names = []
-    q = quality_rows(result["records"])
+def _accuracy_plot(q: list[dict[str, Any]], out_dir: Path) -> str:
+    """Passkey accuracy against budget, filler and real-text haystacks side by side."""
+    plt = figures.pyplot()
+    from matplotlib.ticker import ScalarFormatter
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, key, title in (
         (axes[0], "passkey_filler", "filler haystack"),
         (axes[1], "passkey_real", "real-text haystack"),
     ):
-        policies = [p for p in dict.fromkeys(r["policy"] for r in q) if not keeps_all(p)]
-        for policy in dict.fromkeys(r["policy"] for r in q):
-            rs = sorted((r for r in q if r["policy"] == policy), key=lambda r: r["budget_tokens"])
-            if keeps_all(policy):
-                ax.axhline(rs[0][key], color="grey", ls="--", label="full cache")
-                continue
-            # a small vertical offset per policy keeps equal scores visible
-            i = policies.index(policy)
-            offset = (i - (len(policies) - 1) / 2) * 0.012
-            ax.plot(
-                [r["budget_tokens"] for r in rs],
-                [r[key] + offset for r in rs],
-                STYLES[i % len(STYLES)],
-                label=policy,
-                alpha=0.85,
-            )
+        _accuracy_lines(ax, q, key)
         ax.set_title(f"Passkey accuracy, {title}")
         ax.set_xlabel("budget (KV cells)")
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_ylim(-0.05, 1.05)
     axes[0].set_ylabel("accuracy")
     axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "accuracy_vs_budget.png", dpi=110)
-    names.append("accuracy_vs_budget.png")
-    plt.close(fig)
+    return figures.save(fig, out_dir, "accuracy_vs_budget.png")
 
+
+def _scaling_plot(
+    s: list[dict[str, Any]], key: str, ylabel: str, fname: str, scale: int, out_dir: Path
+) -> str:
+    """``key`` (divided by ``scale``) against document length, a line per policy; for
+    the KV held, also what the full cache needed."""
+    plt = figures.pyplot()
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    if key == "kv_bytes_peak":
+        need = sorted(
+            {
+                (r["length"], r["kv_bytes_full"])
+                for r in s
+                if r.get("kv_bytes_full") and keeps_all(r["policy"])
+            }
+        )
+        ax.plot(
+            [x for x, _ in need],
+            [y / scale for _, y in need],
+            color="grey",
+            ls=":",
+            label="full cache needed",
+        )
+    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in s)):
+        rs = [r for r in s if r["policy"] == policy and r.get(key) is not None]
+        if not rs:
+            continue
+        ax.plot(
+            [r["length"] for r in rs],
+            [r[key] / scale for r in rs],
+            STYLES[i % len(STYLES)],
+            label=policy,
+            alpha=0.85,
+        )
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return figures.save(fig, out_dir, fname)
+
+
+def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
+    """Accuracy against budget, KV memory and decode speed against length."""
+    names = [_accuracy_plot(quality_rows(result["records"]), out_dir)]
     s = scaling_rows(result["records"])
     for key, ylabel, fname, scale in (
         ("kv_bytes_peak", "KV cache held (MB)", "kv_memory_vs_length.png", _MB),
         ("decode_tokens_per_s", "decode tokens/s", "decode_speed_vs_length.png", 1),
     ):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        if key == "kv_bytes_peak":
-            need = sorted(
-                {
-                    (r["length"], r["kv_bytes_full"])
-                    for r in s
-                    if r.get("kv_bytes_full") and keeps_all(r["policy"])
-                }
-            )
-            ax.plot(
-                [x for x, _ in need],
-                [y / scale for _, y in need],
-                color="grey",
-                ls=":",
-                label="full cache needed",
-            )
-        for i, policy in enumerate(dict.fromkeys(r["policy"] for r in s)):
-            rs = [r for r in s if r["policy"] == policy and r.get(key) is not None]
-            if not rs:
-                continue
-            ax.plot(
-                [r["length"] for r in rs],
-                [r[key] / scale for r in rs],
-                STYLES[i % len(STYLES)],
-                label=policy,
-                alpha=0.85,
-            )
-        ax.set_xlabel("document length (tokens)")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out_dir / fname, dpi=110)
-        names.append(fname)
-        plt.close(fig)
+        names.append(_scaling_plot(s, key, ylabel, fname, scale, out_dir))
     if result.get("maps"):
         from . import maps
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..policies import keeps_all
 from ..runtime.spec import RequestSpec
-from . import ruler
+from . import figures, ruler
 
 Key = tuple[str, Any, str]  # (policy, budget or None, positions)
 FULL: Key = ("full", None, "-")
@@ -268,11 +268,8 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     records = result["records"]
     if not scored(records):
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    plt = figures.pyplot()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     cells = means(records, lambda r: r["length"])
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -289,19 +286,15 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
         ax.plot(*zip(*points, strict=True), dashes, marker="o", ms=3, label=label(key), **style)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({n for _, n in cells}))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(-5, 105)
     ax.set_xlabel("document length (tokens)")
     ax.set_ylabel("score (% of expected values found)")
     ax.set_title(f"RULER-style suite, {result['model']}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    name = "ruler.png"
-    fig.savefig(out_dir / name, dpi=110)
-    plt.close(fig)
-    return [name]
+    return [figures.save(fig, out_dir, "ruler.png")]
 
 
 def write(result: dict[str, Any], out_dir: Path) -> Path:

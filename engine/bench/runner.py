@@ -78,19 +78,59 @@ class BenchConfig:
 Progress = Callable[[str], None]
 
 
-def _quality(
-    engine: Engine, cfg: BenchConfig, emit: Callable[[dict[str, Any]], None], step: Progress
+def _passkeys(
+    engine: Engine,
+    cfg: BenchConfig,
+    base: dict[str, Any],
+    emit: Callable[[dict[str, Any]], None],
+    step: Progress,
 ) -> None:
-    from rouge_score import rouge_scorer
+    """The passkey runs of the policy and budget ``base`` names (the fields every
+    record of them starts with): every trial, depth and haystack."""
+    policy, budget = base["policy"], base["budget_tokens"]
+    for trial in range(cfg.trials):
+        for depth in cfg.depth_list():
+            key = tasks.key_for(cfg.seed, depth, trial)
+            for haystack in ("filler", "real"):
+                step(f"{policy} budget={budget} passkey {haystack} depth={depth}")
+                emit(
+                    {
+                        **base,
+                        "trial": trial,
+                        **tasks.passkey(
+                            engine,
+                            policy,
+                            budget,
+                            cfg.length,
+                            depth,
+                            key,
+                            haystack,
+                            offset=(trial * 50_000 + int(depth * 1000)) * 3,
+                        ),
+                    }
+                )
 
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+def _fidelity_tokens(engine: Engine, cfg: BenchConfig) -> tuple[list[int], list[int]]:
+    """The fidelity document (with BOS) and the real text that continues it, as tokens."""
     model = engine.model
     fid_doc_text = tasks.real_text(engine, cfg.length, 40_000 + cfg.seed * 7919)
     fid_doc = model.tokenize(fid_doc_text, add_bos=True)
     fid_cont = model.tokenize(
         tasks.real_text(engine, cfg.continuation + 8, 40_000 + cfg.seed * 7919 + len(fid_doc_text))
     )
-    fid_cont = fid_cont[: cfg.continuation]
+    return fid_doc, fid_cont[: cfg.continuation]
+
+
+def _quality(
+    engine: Engine, cfg: BenchConfig, emit: Callable[[dict[str, Any]], None], step: Progress
+) -> None:
+    """Each policy and budget at ``cfg.length``: the passkeys, fidelity to the full
+    cache (KL, top-1) and the summary's ROUGE-L against the full cache's."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    fid_doc, fid_cont = _fidelity_tokens(engine, cfg)
     summary_doc = tasks.real_text(engine, cfg.length, 200_000 + cfg.seed * 7919)
     # the reference is the full cache in the same numeric mode as the policy: policies
     # that read attention run without flash attention, which alone moves greedy tokens
@@ -106,27 +146,7 @@ def _quality(
                 "budget_tokens": budget,
                 "length": cfg.length,
             }
-            for trial in range(cfg.trials):
-                for depth in cfg.depth_list():
-                    key = tasks.key_for(cfg.seed, depth, trial)
-                    for haystack in ("filler", "real"):
-                        step(f"{policy} budget={budget} passkey {haystack} depth={depth}")
-                        emit(
-                            {
-                                **base,
-                                "trial": trial,
-                                **tasks.passkey(
-                                    engine,
-                                    policy,
-                                    budget,
-                                    cfg.length,
-                                    depth,
-                                    key,
-                                    haystack,
-                                    offset=(trial * 50_000 + int(depth * 1000)) * 3,
-                                ),
-                            }
-                        )
+            _passkeys(engine, cfg, base, emit, step)
             step(f"{policy} budget={budget} fidelity")
             if mode not in reference_logp:
                 reference_logp[mode], _, _ = tasks.continuation_logprobs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -13,127 +13,187 @@ from ..bench import report
 from ..bench.runner import BenchConfig, run, steps_total
 from ..errors import ConfigError
 from ..policies import POLICIES, evicts, keeps_all
+from .options import Option, add_options
 
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+_GRID_OPTIONS: tuple[Option, ...] = (  # what the comparison (and the parts) run
+    (("--quick",), {"action": "store_true", "help": "a small grid (under 2 minutes)"}),
+    (
+        ("--policies",),
+        {
+            "type": _csv,
+            "default": None,
+            "help": f"comma-separated (default: {','.join(BenchConfig().policies)})",
+        },
+    ),
+    (
+        ("--length",),
+        {
+            "type": int,
+            "default": None,
+            "help": f"document length of the quality runs (default: {BenchConfig().length})",
+        },
+    ),
+    (
+        ("--budgets",),
+        {
+            "type": _csv,
+            "default": None,
+            "help": "fractions of --length (1/8) or cells (default: 1/8,1/4)",
+        },
+    ),
+    (
+        ("--lengths",),
+        {
+            "type": lambda s: [int(x) for x in _csv(s)],
+            "default": None,
+            "help": "document lengths of the scaling runs (default: 2048,4096,8192,16000)",
+        },
+    ),
+    (
+        ("--scale-budget",),
+        {"type": int, "default": None, "help": "budget of the scaling runs"},
+    ),
+    (("--depths",), {"type": int, "default": None, "help": "passkey depths per trial"}),
+    (("--trials",), {"type": int, "default": None}),
+    (("--seed",), {"type": int, "default": None}),
+    (("--model",), {"default": None, "metavar": "PATH"}),
+    (("--threads",), {"type": int, "default": None}),
+    (("--out",), {"type": Path, "default": Path("bench-out"), "help": "output folder"}),
+)
+
+_PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of the comparison
+    (
+        ("--maps-only",),
+        {
+            "action": "store_true",
+            "help": "add the needle memory maps to OUT/results.json and rewrite the report",
+        },
+    ),
+    (
+        ("--robustness",),
+        {
+            "action": "store_true",
+            "help": "only the README demo under threads 1/2, flash attention on/off, "
+            "repacking on/off and batch 256/512, plus the cost of repacking off (about 20 "
+            "minutes); writes OUT/robustness.json and OUT/robustness.md",
+        },
+    ),
+    (
+        ("--kv-memory",),
+        {
+            "action": "store_true",
+            "help": "only KV memory against llama.cpp's default (2K-64K tokens), the "
+            "sliding-window cache against swa_full and q8_0/q4_0 caches (about an hour; "
+            "with --quick a minute); writes OUT/kvmem.json, OUT/kvmem.md and a plot",
+        },
+    ),
+    (
+        ("--multiturn",),
+        {
+            "action": "store_true",
+            "help": "only the conversation task: a summary, then questions about 4 planted "
+            "facts per document, every policy and budget with recall, against the full "
+            "cache and a fresh read per question (about 45 minutes; with --quick 2); writes "
+            "OUT/multiturn.json and OUT/multiturn.md",
+        },
+    ),
+    (
+        ("--ruler",),
+        {
+            "action": "store_true",
+            "help": "only the RULER-style suite (Hsieh et al. 2024): niah_single, "
+            "niah_multikey, niah_multivalue and variable_tracking in essay, noise and "
+            "numbers haystacks of 4K-64K tokens at depths 0.1/0.4/0.7, the full cache "
+            "(where the document fits the trained context) against snapkv, h2o, tova and "
+            "streaming at budgets 1024 and 4096 with compact and original positions. The "
+            "full grid reads about 100M prompt tokens: days on 2 cores; with --quick (2K "
+            "tokens, 12 answers) about a minute. --parts picks tasks, --positions position "
+            "modes; writes OUT/ruler.json, OUT/ruler.md and OUT/ruler.png",
+        },
+    ),
+    (
+        ("--positions",),
+        {
+            "type": _csv,
+            "default": None,
+            "help": "with --ruler: which of compact,original,bounded (default: all)",
+        },
+    ),
+    (
+        ("--reference",),
+        {
+            "type": Path,
+            "default": None,
+            "metavar": "RULER.JSON",
+            "help": "with --ruler: take the full cache's records from an earlier run of the "
+            "same items (same seed) instead of running it again; the full cache evicts "
+            "nothing, so changes to eviction cannot move it",
+        },
+    ),
+    (
+        ("--concurrency",),
+        {
+            "action": "store_true",
+            "help": "only throughput against concurrency: the server with 1-8 clients, "
+            "summarize one by one and --parallel, pass keys alone and together (about 15 "
+            "minutes; with --quick 3); writes OUT/concurrency.json and OUT/concurrency.md",
+        },
+    ),
+    (
+        ("--parts",),
+        {
+            "type": _csv,
+            "default": None,
+            "help": "with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
+            "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
+            "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
+            "numbers (default: all)",
+        },
+    ),
+    (
+        ("--report-only",),
+        {
+            "action": "store_true",
+            "help": "rewrite report.md and the plots from OUT/results.json",
+        },
+    ),
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Registers ``bench`` on the ``kvtrim`` subcommands."""
     p = sub.add_parser("bench", help="compare policies on quality, memory and speed")
-    d = BenchConfig()
-    p.add_argument("--quick", action="store_true", help="a small grid (under 2 minutes)")
-    p.add_argument(
-        "--policies",
-        type=_csv,
-        default=None,
-        help=f"comma-separated (default: {','.join(d.policies)})",
-    )
-    p.add_argument(
-        "--length",
-        type=int,
-        default=None,
-        help=f"document length of the quality runs (default: {d.length})",
-    )
-    p.add_argument(
-        "--budgets",
-        type=_csv,
-        default=None,
-        help="fractions of --length (1/8) or cells (default: 1/8,1/4)",
-    )
-    p.add_argument(
-        "--lengths",
-        type=lambda s: [int(x) for x in _csv(s)],
-        default=None,
-        help="document lengths of the scaling runs (default: 2048,4096,8192,16000)",
-    )
-    p.add_argument("--scale-budget", type=int, default=None, help="budget of the scaling runs")
-    p.add_argument("--depths", type=int, default=None, help="passkey depths per trial")
-    p.add_argument("--trials", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--model", default=None, metavar="PATH")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
-    p.add_argument(
-        "--maps-only",
-        action="store_true",
-        help="add the needle memory maps to OUT/results.json and rewrite the report",
-    )
-    p.add_argument(
-        "--robustness",
-        action="store_true",
-        help="only the README demo under threads 1/2, flash attention on/off, repacking "
-        "on/off and batch 256/512, plus the cost of repacking off (about 20 minutes); "
-        "writes OUT/robustness.json and OUT/robustness.md",
-    )
-    p.add_argument(
-        "--kv-memory",
-        action="store_true",
-        help="only KV memory against llama.cpp's default (2K-64K tokens), the "
-        "sliding-window cache against swa_full and q8_0/q4_0 caches (about an hour; "
-        "with --quick a minute); writes OUT/kvmem.json, OUT/kvmem.md and a plot",
-    )
-    p.add_argument(
-        "--multiturn",
-        action="store_true",
-        help="only the conversation task: a summary, then questions about 4 planted facts "
-        "per document, every policy and budget with recall, against the full cache and a "
-        "fresh read per question (about 45 minutes; with --quick 2); writes "
-        "OUT/multiturn.json and OUT/multiturn.md",
-    )
-    p.add_argument(
-        "--ruler",
-        action="store_true",
-        help="only the RULER-style suite (Hsieh et al. 2024): niah_single, niah_multikey, "
-        "niah_multivalue and variable_tracking in essay, noise and numbers haystacks of "
-        "4K-64K tokens at depths 0.1/0.4/0.7, the full cache (where the document fits the "
-        "trained context) against snapkv, h2o, tova and streaming at budgets 1024 and 4096 "
-        "with compact and original positions. The full grid reads about 100M prompt tokens: "
-        "days on 2 cores; with --quick (2K tokens, 12 answers) about a minute. --parts picks "
-        "tasks, --positions position modes; writes OUT/ruler.json, OUT/ruler.md and "
-        "OUT/ruler.png",
-    )
-    p.add_argument(
-        "--positions",
-        type=_csv,
-        default=None,
-        help="with --ruler: which of compact,original,bounded (default: all)",
-    )
-    p.add_argument(
-        "--reference",
-        type=Path,
-        default=None,
-        metavar="RULER.JSON",
-        help="with --ruler: take the full cache's records from an earlier run of the same "
-        "items (same seed) instead of running it again; the full cache evicts nothing, so "
-        "changes to eviction cannot move it",
-    )
-    p.add_argument(
-        "--concurrency",
-        action="store_true",
-        help="only throughput against concurrency: the server with 1-8 clients, "
-        "summarize one by one and --parallel, pass keys alone and together (about 15 "
-        "minutes; with --quick 3); writes OUT/concurrency.json and OUT/concurrency.md",
-    )
-    p.add_argument(
-        "--parts",
-        type=_csv,
-        default=None,
-        help="with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
-        "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
-        "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
-        "numbers (default: all)",
-    )
-    p.add_argument(
-        "--report-only",
-        action="store_true",
-        help="rewrite report.md and the plots from OUT/results.json",
-    )
+    add_options(p, (*_GRID_OPTIONS, *_PART_OPTIONS))
+
+
+def _override(cfg: Any, args: argparse.Namespace, *names: str, **renamed: str) -> None:
+    """Set each config field to its option's value where the option is given:
+    ``names`` name both, ``renamed`` maps a field to an option of another name."""
+    for field, option in (*((name, name) for name in names), *renamed.items()):
+        value = getattr(args, option)
+        if value is not None:
+            setattr(cfg, field, value)
+
+
+def _known_parts(parts: list[str], known: Sequence[str]) -> list[str]:
+    """``parts`` when each is one of ``known``; else a ``ConfigError`` naming the first not."""
+    bad = [p for p in parts if p not in known]
+    if bad:
+        raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(known)}")
+    return parts
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
+    """The comparison's grid: the defaults (or ``--quick``'s) with the options given."""
     cfg = BenchConfig.quick() if args.quick else BenchConfig()
-    for name in (
+    _override(
+        cfg,
+        args,
         "policies",
         "length",
         "budgets",
@@ -143,12 +203,8 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         "seed",
         "model",
         "threads",
-    ):
-        value = getattr(args, name)
-        if value is not None:
-            setattr(cfg, name, value)
-    if args.scale_budget is not None:
-        cfg.scale_budget = args.scale_budget
+        "scale_budget",
+    )
     unknown = [p for p in cfg.policies if p not in POLICIES]
     if unknown:
         raise SystemExit(f"kvtrim: error: unknown policy {unknown[0]!r}")
@@ -166,6 +222,27 @@ def _check_tools() -> None:
             f"kvtrim bench needs {' and '.join(missing)}; run it from a pip install "
             "(bash scripts/setup.sh), not the app bundle"
         )
+
+
+def _command() -> str:
+    """The command line as it was run, quoted, for the results and reports."""
+    return "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _log_to(err: TextIO) -> Callable[[str], None]:
+    """A progress callback that writes each step's label as a line of ``err``."""
+
+    def step(label: str) -> None:
+        err.write(label + "\n")
+        err.flush()
+
+    return step
+
+
+def _print_targets(out: TextIO, found: list[tuple[str, str, bool]]) -> None:
+    """A line per target: ``met`` or ``MISS``, the target, what was measured."""
+    for target, measured, ok in found:
+        out.write(f"{'met ' if ok else 'MISS'}  {target}: {measured}\n")
 
 
 def _maps_only(cfg: BenchConfig, out_dir: Path, out: TextIO) -> int:
@@ -194,12 +271,8 @@ def _robustness(cfg: BenchConfig, out_dir: Path, out: TextIO, err: TextIO) -> in
     from ..bench import robustness as rb
     from ..documents.load import load_document
 
-    def step(label: str) -> None:
-        err.write(label + "\n")
-        err.flush()
-
-    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    records = rb.run_robustness(cfg.model, step)
+    command = _command()
+    records = rb.run_robustness(cfg.model, _log_to(err))
     text = load_document(rb.DEMO_FILE)
     cost = rb.repack_cost(cfg.model, text[: len(text) // 4])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,17 +307,10 @@ def _part(
         result = json.loads(path.read_text())
     else:
         cfg = configure()
-
-        def step(label: str) -> None:
-            err.write(label + "\n")
-            err.flush()
-
-        command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         with Engine(args.model, n_threads=args.threads) as engine:
-            result = module.run(cfg, engine, args.out, step, command)
+            result = module.run(cfg, engine, args.out, _log_to(err), _command())
     report_path = report.write(result, args.out)
-    for target, measured, ok in report.targets(result):
-        out.write(f"{'met ' if ok else 'MISS'}  {target}: {measured}\n")
+    _print_targets(out, report.targets(result))
     out.write(f"wrote {path} and {report_path}\n")
     return 0
 
@@ -253,15 +319,9 @@ def _kvmem_config(args: argparse.Namespace) -> Any:
     from ..bench import kvmem
 
     cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
-    if args.lengths is not None:
-        cfg.lengths = args.lengths
-    if args.depths is not None:
-        cfg.depths = args.depths
+    _override(cfg, args, "lengths", "depths")
     if args.parts is not None:
-        bad = [p for p in args.parts if p not in kvmem.PARTS]
-        if bad:
-            raise ConfigError(f"unknown part {bad[0]!r}; choose from {', '.join(kvmem.PARTS)}")
-        cfg.parts = args.parts
+        cfg.parts = _known_parts(args.parts, kvmem.PARTS)
     return cfg
 
 
@@ -277,12 +337,7 @@ def _multiturn_config(args: argparse.Namespace) -> Any:
     if args.budgets is not None:
         cfg.budgets = [int(b) for b in args.budgets]
         cfg.main_budget = cfg.budgets[-1]
-    if args.length is not None:
-        cfg.doc_tokens = args.length
-    if args.trials is not None:
-        cfg.docs = args.trials
-    if args.seed is not None:
-        cfg.seed = args.seed
+    _override(cfg, args, "seed", doc_tokens="length", docs="trials")
     return cfg
 
 
@@ -290,12 +345,7 @@ def _ruler_config(args: argparse.Namespace) -> Any:
     from ..bench import ruler
 
     cfg = ruler.RulerConfig.quick() if args.quick else ruler.RulerConfig()
-    if args.lengths is not None:
-        cfg.lengths = args.lengths
-    if args.trials is not None:
-        cfg.trials = args.trials
-    if args.seed is not None:
-        cfg.seed = args.seed
+    _override(cfg, args, "lengths", "trials", "seed")
     if args.parts is not None:  # task and haystack names
         tasks = [p for p in args.parts if p not in ruler.HAYSTACKS]
         cfg.tasks = tasks or cfg.tasks
@@ -322,14 +372,8 @@ def _concurrency_config(args: argparse.Namespace) -> Any:
 
     cfg = concurrency.ConcurrencyConfig.quick() if args.quick else concurrency.ConcurrencyConfig()
     if args.parts is not None:
-        bad = [p for p in args.parts if p not in concurrency.PARTS]
-        if bad:
-            raise ConfigError(
-                f"unknown part {bad[0]!r}; choose from {', '.join(concurrency.PARTS)}"
-            )
-        cfg.parts = args.parts
-    if args.seed is not None:
-        cfg.seed = args.seed
+        cfg.parts = _known_parts(args.parts, concurrency.PARTS)
+    _override(cfg, args, "seed")
     return cfg
 
 
@@ -404,11 +448,10 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write(f"[{done}/{total}] {label}\n")
             err.flush()
 
-    command = "kvtrim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = _command()
     result = run(cfg, args.out, step, command)
     bar.close()
     path = report.write(result, args.out, command)
     out.write(f"wrote {args.out / 'results.json'} and {path}\n")
-    for name, measured, ok in report.targets(result):
-        out.write(f"{'met ' if ok else 'MISS'}  {name}: {measured}\n")
+    _print_targets(out, report.targets(result))
     return 0

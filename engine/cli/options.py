@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
+from typing import Any
 
 from ..runtime.engine import Engine
 
@@ -18,3 +20,13 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         kv_type=getattr(args, "kv_type", "f16"),
         swa_cache=getattr(args, "swa_cache", "window"),
     )
+
+
+Option = tuple[tuple[str, ...], dict[str, Any]]  # (flags, add_argument's keywords)
+
+
+def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
+    """``parser.add_argument(*flags, **keywords)`` for each option, in order (the
+    order ``--help`` lists them in)."""
+    for flags, keywords in options:
+        parser.add_argument(*flags, **keywords)

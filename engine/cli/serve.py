@@ -11,115 +11,160 @@ from ..errors import ConfigError
 from ..native.cpu import REPACK_MODES, requested_mode
 from ..policies import POLICIES, help_lines
 from ..serve.guards import LOOPBACK_HOSTS, WILDCARD_ADDRESSES
-from .options import engine_from_args
+from .options import Option, add_options, engine_from_args
 from .types import kv_options
+
+_POLICY_OPTIONS: tuple[Option, ...] = (  # the cache policy and the model
+    (
+        ("--policy", "--kv-cache-policy"),
+        {
+            "choices": list(POLICIES),
+            "default": "snapkv",
+            "help": f"eviction policy (default: snapkv). {help_lines()}",
+        },
+    ),
+    (
+        ("--budget",),
+        {"type": int, "default": 2048, "metavar": "N", "help": "KV cells kept per request"},
+    ),
+    (
+        ("--keep-ratio", "--h2o-keep-ratio"),
+        {
+            "type": float,
+            "default": None,
+            "metavar": "R",
+            "help": "keep this fraction of each prompt's tokens (at most --budget)",
+        },
+    ),
+    (
+        ("--max-kv-budget",),
+        {
+            "type": int,
+            "default": None,
+            "metavar": "N",
+            "help": "the largest kv_budget a request may ask for (default: --budget)",
+        },
+    ),
+    (("--model",), {"default": None, "metavar": "PATH"}),
+    (("--gpu-layers",), {"type": int, "default": 0, "metavar": "N"}),
+    (("--threads",), {"type": int, "default": None, "metavar": "N"}),
+    (
+        ("--repack",),
+        {
+            "choices": REPACK_MODES,
+            "default": None,
+            "help": "llama.cpp's CPU weight repacking (default: $KVTRIM_REPACK, else auto: "
+            "off on CPUs with AMX, where it crashes)",
+        },
+    ),
+)
+
+
+def _access_options() -> tuple[Option, ...]:
+    """Where the server listens and whom it answers (``--api-key``'s default is
+    ``$KVTRIM_API_KEY`` as it is when the parser is built)."""
+    return (
+        (("--host",), {"default": "127.0.0.1", "help": "default: loopback only"}),
+        (("--port",), {"type": int, "default": 8000}),
+        (
+            ("--allowed-host",),
+            {
+                "action": "append",
+                "default": [],
+                "metavar": "NAME",
+                "help": "also answer requests whose Host header names NAME (repeatable; "
+                "'*': any). Loopback names and --host are always answered; the check stops "
+                "DNS rebinding",
+            },
+        ),
+        (
+            ("--api-key",),
+            {
+                "default": os.environ.get("KVTRIM_API_KEY"),
+                "help": "require 'Authorization: Bearer KEY' (default: $KVTRIM_API_KEY, else none)",
+            },
+        ),
+    )
+
+
+_CAPACITY_OPTIONS: tuple[Option, ...] = (  # how many requests, cells and bytes
+    (("--max-queue",), {"type": int, "default": 16, "metavar": "N"}),
+    (
+        ("--parallel",),
+        {
+            "type": int,
+            "default": 4,
+            "metavar": "N",
+            "help": "requests decoded together, as sequences of one context (default: 4; "
+            "1: one at a time)",
+        },
+    ),
+    (
+        ("--kv-cells",),
+        {
+            "type": int,
+            "default": None,
+            "metavar": "N",
+            "help": "KV cells the parallel requests share (default: what one request at the "
+            "largest budget holds: budget x 1.25 + 64)",
+        },
+    ),
+    (
+        ("--share",),
+        {
+            "choices": ("length", "even"),
+            "default": "length",
+            "help": "split the cells by each request's length (default) or evenly",
+        },
+    ),
+    (
+        ("--kv-layout",),
+        {
+            "choices": ("shared", "streams"),
+            "default": "shared",
+            "help": "shared: one pool of --kv-cells that requests share by --share "
+            "(default); streams: each request its own --kv-cells/--parallel cells, whose "
+            "attention then spans only its own cells (faster reading on a CPU when several "
+            "run)",
+        },
+    ),
+    (("--max-prompt-tokens",), {"type": int, "default": 262_144, "metavar": "N"}),
+    (
+        ("--max-tokens",),
+        {"type": int, "default": 256, "metavar": "N", "help": "chat default"},
+    ),
+    (
+        ("--max-body-mb",),
+        {
+            "type": float,
+            "default": 16.0,
+            "metavar": "MB",
+            "help": "refuse request bodies over this many MiB with 413 (default: 16)",
+        },
+    ),
+    (
+        ("--max-connections",),
+        {
+            "type": int,
+            "default": 64,
+            "metavar": "N",
+            "help": "open connections at most; more get 503 (default: 64)",
+        },
+    ),
+)
 
 
 def add_parser(sub: Any) -> None:
+    """Registers ``serve`` on the ``kvtrim`` subcommands."""
     p = sub.add_parser(
         "serve",
         help="serve /v1/completions and /v1/chat/completions with eviction",
         description="An OpenAI-compatible server whose KV cache policy is server configuration; "
         "a request may override it with kv_policy, kv_budget or kv_keep_ratio.",
     )
-    p.add_argument(
-        "--policy",
-        "--kv-cache-policy",
-        choices=list(POLICIES),
-        default="snapkv",
-        help=f"eviction policy (default: snapkv). {help_lines()}",
-    )
-    p.add_argument(
-        "--budget", type=int, default=2048, metavar="N", help="KV cells kept per request"
-    )
-    p.add_argument(
-        "--keep-ratio",
-        "--h2o-keep-ratio",
-        type=float,
-        default=None,
-        metavar="R",
-        help="keep this fraction of each prompt's tokens (at most --budget)",
-    )
-    p.add_argument(
-        "--max-kv-budget",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the largest kv_budget a request may ask for (default: --budget)",
-    )
-    p.add_argument("--model", default=None, metavar="PATH")
-    p.add_argument("--gpu-layers", type=int, default=0, metavar="N")
-    p.add_argument("--threads", type=int, default=None, metavar="N")
-    p.add_argument(
-        "--repack",
-        choices=REPACK_MODES,
-        default=None,
-        help="llama.cpp's CPU weight repacking (default: $KVTRIM_REPACK, else auto: off on "
-        "CPUs with AMX, where it crashes)",
-    )
+    add_options(p, _POLICY_OPTIONS)
     kv_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="default: loopback only")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also answer requests whose Host header names NAME (repeatable; '*': any). "
-        "Loopback names and --host are always answered; the check stops DNS rebinding",
-    )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("KVTRIM_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $KVTRIM_API_KEY, else none)",
-    )
-    p.add_argument("--max-queue", type=int, default=16, metavar="N")
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=4,
-        metavar="N",
-        help="requests decoded together, as sequences of one context (default: 4; 1: one "
-        "at a time)",
-    )
-    p.add_argument(
-        "--kv-cells",
-        type=int,
-        default=None,
-        metavar="N",
-        help="KV cells the parallel requests share (default: what one request at the "
-        "largest budget holds: budget x 1.25 + 64)",
-    )
-    p.add_argument(
-        "--share",
-        choices=("length", "even"),
-        default="length",
-        help="split the cells by each request's length (default) or evenly",
-    )
-    p.add_argument(
-        "--kv-layout",
-        choices=("shared", "streams"),
-        default="shared",
-        help="shared: one pool of --kv-cells that requests share by --share (default); "
-        "streams: each request its own --kv-cells/--parallel cells, whose attention then "
-        "spans only its own cells (faster reading on a CPU when several run)",
-    )
-    p.add_argument("--max-prompt-tokens", type=int, default=262_144, metavar="N")
-    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="chat default")
-    p.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=16.0,
-        metavar="MB",
-        help="refuse request bodies over this many MiB with 413 (default: 16)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=64,
-        metavar="N",
-        help="open connections at most; more get 503 (default: 64)",
-    )
+    add_options(p, (*_access_options(), *_CAPACITY_OPTIONS))
 
 
 def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...]:

@@ -26,6 +26,65 @@ from .model import Model
 SEQ = 0
 
 
+def _context_params(
+    n_ctx: int,
+    n_batch: int,
+    n_threads: int,
+    *,
+    flash_attn: bool | None,
+    swa_full: bool,
+    type_k: int,
+    type_v: int,
+    n_seq_max: int,
+    kv_unified: bool,
+    capture: AttentionCapture | None,
+    abort_callback: llama_cpp.ggml_abort_callback,
+) -> llama_cpp.llama_context_params:
+    """llama.cpp's context parameters for these settings; the caller keeps
+    ``abort_callback`` (and ``capture``'s callback) alive as long as the context."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = n_batch
+    params.n_ubatch = n_batch
+    params.n_seq_max = n_seq_max
+    # one pool (a sequence takes only the cells it uses), or one KV stream of
+    # n_ctx / n_seq_max cells per sequence (docs/multiseq.md)
+    params.kv_unified = kv_unified
+    params.n_threads = n_threads
+    params.n_threads_batch = n_threads
+    params.swa_full = swa_full
+    params.type_k = type_k
+    params.type_v = type_v
+    params.no_perf = True
+    if flash_attn is not None:
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+    if capture is not None:
+        # the attention probabilities exist only without flash attention
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.cb_eval = capture.c_callback
+        params.cb_eval_user_data = None
+    params.abort_callback = abort_callback
+    params.abort_callback_data = None
+    return params
+
+
+def _open(
+    model: Model, params: llama_cpp.llama_context_params, n_ctx: int
+) -> _internals.LlamaContext:
+    """The native context; ``OutOfMemoryError`` where llama.cpp cannot allocate its
+    ``n_ctx`` cells."""
+    try:
+        return _internals.LlamaContext(model=model.native, params=params, verbose=False)
+    except ValueError as exc:
+        raise OutOfMemoryError(
+            f"could not allocate a KV cache of {n_ctx} cells; try a smaller --budget"
+        ) from exc
+
+
 class NativeContext:
     """One llama.cpp context with a cache of ``n_ctx`` cells for ``n_seq_max``
     sequences (one pool of cells shared by all of them)."""
@@ -66,55 +125,39 @@ class NativeContext:
         self.n_seq_max = n_seq_max
         self.capture = capture
         self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq_max
-        # one pool (a sequence takes only the cells it uses), or one KV stream of
-        # n_ctx / n_seq_max cells per sequence (docs/multiseq.md)
-        params.kv_unified = kv_unified
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.swa_full = swa_full
-        params.type_k = type_k
-        params.type_v = type_v
-        params.no_perf = True
-        if flash_attn is not None:
-            params.flash_attn_type = (
-                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if flash_attn
-                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-        if capture is not None:
-            # the attention probabilities exist only without flash attention
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            params.cb_eval = capture.c_callback
-            params.cb_eval_user_data = None
-        params.abort_callback = self._abort_cb
-        params.abort_callback_data = None
-        try:
-            self._ctx = _internals.LlamaContext(model=model.native, params=params, verbose=False)
-        except ValueError as exc:
-            raise OutOfMemoryError(
-                f"could not allocate a KV cache of {n_ctx} cells; try a smaller --budget"
-            ) from exc
+        params = _context_params(
+            n_ctx,
+            n_batch,
+            n_threads,
+            flash_attn=flash_attn,
+            swa_full=swa_full,
+            type_k=type_k,
+            type_v=type_v,
+            n_seq_max=n_seq_max,
+            kv_unified=kv_unified,
+            capture=capture,
+            abort_callback=self._abort_cb,
+        )
+        self._ctx = _open(model, params, n_ctx)
         self.n_ctx = self._ctx.n_ctx()
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.kv_unified = kv_unified
         self.n_batch = n_batch
-        info = model.info
-        self.swa_cells = (
-            0
-            if not info.n_swa_layers
-            else self.n_ctx
-            if swa_full
-            else swa_cells(self.n_ctx, info.n_swa, n_batch, n_seq_max)
-            if kv_unified
-            else swa_cells(self.n_ctx_seq, info.n_swa, n_batch) * n_seq_max
-        )
+        self.swa_cells = self._swa_cells(swa_full)
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
+
+    def _swa_cells(self, swa_full: bool) -> int:
+        """Cells of each sliding-window layer: none without such layers, ``n_ctx``
+        with ``swa_full``, else what llama.cpp gives a window (per stream)."""
+        info = self.model.info
+        if not info.n_swa_layers:
+            return 0
+        if swa_full:
+            return self.n_ctx
+        if self.kv_unified:
+            return swa_cells(self.n_ctx, info.n_swa, self.n_batch, self.n_seq_max)
+        return swa_cells(self.n_ctx_seq, info.n_swa, self.n_batch) * self.n_seq_max
 
     def decode(
         self,

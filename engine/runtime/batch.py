@@ -250,20 +250,26 @@ def summarize_many(
             for i in range(len(sources)):
                 one(i)
         else:
-            with ThreadPoolExecutor(parallel, thread_name_prefix="kvtrim-summarize") as workers:
-                futures = [workers.submit(one, i) for i in range(len(sources))]
-                try:
-                    for future in futures:
-                        future.result()
-                except BaseException:  # Ctrl+C, a full disk: stop the others at once
-                    for future in futures:
-                        future.cancel()
-                    pool.cancel_all()
-                    raise
+            _in_parallel(one, len(sources), parallel, pool)
     finally:
         if pool is not None:
             pool.close()
     return [r for r in results if r is not None]
+
+
+def _in_parallel(one: Callable[[int], None], n: int, parallel: int, pool: KVPool) -> None:
+    """``one(i)`` for ``i`` in ``range(n)``, ``parallel`` at once; the first to fail
+    cancels the rest, those waiting and, through ``pool``, those running."""
+    with ThreadPoolExecutor(parallel, thread_name_prefix="kvtrim-summarize") as workers:
+        futures = [workers.submit(one, i) for i in range(n)]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # Ctrl+C, a full disk: stop the others at once
+            for future in futures:
+                future.cancel()
+            pool.cancel_all()
+            raise
 
 
 def make_pool(
