@@ -100,7 +100,7 @@ def _bad_model_files(tmp: Path) -> dict[str, tuple[Path, str]]:
         "missing": (tmp / "nope.gguf", "not found"),
         "empty": (tmp / "empty.gguf", "empty"),
         "text": (tmp / "text.gguf", "not a GGUF"),
-        "truncated": (tmp / "trunc.gguf", "could not load"),
+        "truncated": (tmp / "trunc.gguf", "truncated"),
         "header_only": (tmp / "head.gguf", "truncated"),
         "directory": (tmp / "dir.gguf", "not a file"),
     }

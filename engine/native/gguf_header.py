@@ -54,14 +54,14 @@ class _Cursor:
     def take(self, fmt: str) -> int:
         size = struct.calcsize(fmt)
         if self.at + size > len(self.buf):
-            raise HeaderError("the header is cut short")
+            raise HeaderError("it is truncated: its header ends early")
         (value,) = struct.unpack_from(fmt, self.buf, self.at)
         self.at += size
         return int(value)
 
     def skip(self, n: int) -> None:
         if n < 0 or self.at + n > len(self.buf):
-            raise HeaderError("the header is cut short")
+            raise HeaderError("it is truncated: its header ends early")
         self.at += n
 
     def string(self, keep: bool) -> str:
@@ -89,9 +89,9 @@ def _value(cur: _Cursor, vtype: int, key: str, head: Header) -> None:
         elif item in _SCALAR_BYTES:
             cur.skip(n * _SCALAR_BYTES[item])
         else:  # arrays of arrays: no model writes them
-            raise HeaderError(f"{key} is an array of type {item}")
+            raise HeaderError(f"its metadata {key!r} is an array of type {item}")
     else:
-        raise HeaderError(f"{key} has an unknown value type {vtype}")
+        raise HeaderError(f"its metadata {key!r} has an unknown value type {vtype}")
 
 
 def read(path: Path) -> Header:
@@ -101,7 +101,9 @@ def read(path: Path) -> Header:
         cur.skip(8)  # magic and version
         n_tensors, n_keys = cur.take("<Q"), cur.take("<Q")
         if n_keys > _MAX_KEYS or n_tensors > _MAX_TENSORS:
-            raise HeaderError(f"it declares {n_keys:,} metadata keys and {n_tensors:,} tensors")
+            raise HeaderError(
+                f"its header declares {n_keys:,} metadata keys and {n_tensors:,} tensors"
+            )
         for _ in range(n_keys):
             key = cur.string(keep=True)
             _value(cur, cur.take("<I"), key, head)
@@ -109,7 +111,7 @@ def read(path: Path) -> Header:
             head.tensors.append(cur.string(keep=True))
             dims = cur.take("<I")
             if dims > _MAX_DIMS:
-                raise HeaderError(f"tensor {head.tensors[-1]!r} has {dims} dimensions")
+                raise HeaderError(f"its tensor {head.tensors[-1]!r} has {dims} dimensions")
             cur.skip(8 * dims + 4 + 8)  # shape, type, offset
         return head
 
@@ -119,7 +121,7 @@ def check(path: Path) -> str | None:
     try:
         head = read(path)
     except HeaderError as exc:
-        return f"its header is unreadable ({exc})"
+        return str(exc)
     arch = head.arch
     blocks = head.ints.get(f"{arch}.block_count") if arch else None
     if blocks is None:
