@@ -36,7 +36,7 @@ from . import serve as serve_cli
 from . import types
 from .models import add_parser as add_models_parser
 from .models import main as models_main
-from .options import engine_from_args
+from .options import Option, add_options, engine_from_args
 
 _MB = 1024 * 1024
 REPACK_MODES = ("auto", "on", "off")
@@ -73,7 +73,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _request_options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+def _request_options() -> list[Option]:
     """ask, summarize and chat's options that make their ``RequestSpec``: a flag
     whose ``dest`` is a ``SessionOptions`` field sets that field (``from_args``)."""
     tokens = types.at_least(MIN_CHUNK, "tokens")
@@ -135,8 +135,7 @@ def _files(p: argparse.ArgumentParser, many: bool) -> None:
 
 def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
     _files(p, many)
-    for flags, kwargs in _request_options():
-        p.add_argument(*flags, **kwargs)
+    add_options(p, _request_options())
     _model_options(p)
     p.add_argument(
         "--threads",

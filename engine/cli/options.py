@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
-from typing import Any
 
 from ..runtime.engine import Engine
+from .types import Option
+
+__all__ = ["Option", "add_options", "engine_from_args"]
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
@@ -20,9 +22,6 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         kv_type=getattr(args, "kv_type", "f16"),
         swa_cache=getattr(args, "swa_cache", "window"),
     )
-
-
-Option = tuple[tuple[str, ...], dict[str, Any]]  # (flags, add_argument's keywords)
 
 
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:

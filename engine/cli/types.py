@@ -81,7 +81,9 @@ def top_p(text: str) -> float:
     return value
 
 
-KV_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+Option = tuple[tuple[str, ...], dict[str, Any]]  # (flags, add_argument's keywords)
+
+KV_OPTIONS: tuple[Option, ...] = (
     (
         ("--kv-type",),
         {
@@ -107,5 +109,5 @@ KV_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
 
 def kv_options(p: argparse.ArgumentParser) -> None:
     """--kv-type and --swa-cache (serve)."""
-    for flags, kwargs in KV_OPTIONS:
-        p.add_argument(*flags, **kwargs)
+    for flags, keywords in KV_OPTIONS:
+        p.add_argument(*flags, **keywords)
