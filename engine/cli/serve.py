@@ -190,14 +190,12 @@ def check_options(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Checks every option, then loads the model and serves until stopped."""
-    import uvicorn
-
     from ..serve.api import create_app
-    from ..serve.background import Server
+    from ..serve.background import Server, uvicorn_config
     from ..serve.config import ServerConfig
 
     check_options(args)
-    config = ServerConfig(
+    server_config = ServerConfig(
         policy=args.policy,
         budget_tokens=args.budget,
         keep_ratio=args.keep_ratio,
@@ -224,10 +222,10 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(
             f"kvtrim: {engine.model_name} on http://{args.host}:{args.port}/v1 "
             f"(policy {args.policy}, budget {args.budget}, {args.parallel} in parallel "
-            f"sharing {config.pool_cells} KV cells); metrics at /metrics\n"
+            f"sharing {server_config.pool_cells} KV cells); metrics at /metrics\n"
         )
-        app = create_app(engine, config)
-        settings = uvicorn.Config(
+        app = create_app(engine, server_config)
+        settings = uvicorn_config(
             app,
             host=args.host,
             port=args.port,

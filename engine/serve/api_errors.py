@@ -19,7 +19,12 @@ from .runner import Overloaded, ShuttingDown
 from .schemas import error_body
 
 INVALID = "invalid_request_error"
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+}
 
 
 class ApiError(Exception):

@@ -11,6 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from .connections import GuardedH11, close_waiting
+
 
 class Server(uvicorn.Server):
     """Calls ``on_shutdown`` as soon as shutdown begins, before uvicorn waits
@@ -26,19 +28,26 @@ class Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.on_shutdown is not None:
             self.on_shutdown()
+        close_waiting(self.server_state)  # nothing to answer there; do not wait for them
         await super().shutdown(sockets)
+
+
+def uvicorn_config(app: Any, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration with kvtrim's connection rules (see connections.py)."""
+    return uvicorn.Config(app, http=GuardedH11, **options)
 
 
 class BackgroundServer:
     """``with BackgroundServer(app) as url:`` serves ``app`` until the block ends;
     ``app.state.on_shutdown``, if set, is called when it starts to stop."""
 
-    def __init__(self, app: Any, start_timeout_s: float = 20.0) -> None:
+    def __init__(self, app: Any, start_timeout_s: float = 20.0, **options: Any) -> None:
+        """``options``: uvicorn's (``limit_concurrency``, say)."""
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning")
-        self._server = Server(config, getattr(getattr(app, "state", None), "on_shutdown", None))
+        settings = uvicorn_config(app, **{"log_level": "warning", **options})
+        self._server = Server(settings, getattr(getattr(app, "state", None), "on_shutdown", None))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -10,6 +10,7 @@ OpenAI's error shape.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable, Iterable
 
@@ -23,6 +24,7 @@ from .schemas import error_body
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")  # listen on every interface: no name of its own
 
+BODY_TIMEOUT_S = 60.0  # a request body, whole, from the request's start (16 MiB at 280 KB/s)
 OnRefuse = Callable[[str], None]  # called with the kind of refusal (for metrics)
 
 
@@ -115,13 +117,16 @@ class KeyCheck:
 
 class BodyLimit:
     """Refuses a request body over ``max_bytes``: at once when Content-Length
-    says so, else as soon as the bytes read pass it (a chunked upload). The
-    refusal is an ``HTTPException(413)`` raised where the app reads the body,
-    so the app's own handler answers it."""
+    says so, else as soon as the bytes read pass it (a chunked upload); and one
+    that has not arrived whole ``max_seconds`` after the request began (a client
+    sending a byte a second holds a connection and a task). The refusal is an
+    ``HTTPException`` (413, 408) raised where the app reads the body, so the app's
+    own handler answers it."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_seconds: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,20 +135,33 @@ class BodyLimit:
         declared = Headers(scope=scope).get("content-length", "")
         # h11 holds a body to its Content-Length; without one (chunked), count
         over = declared.isdigit() and int(declared) > self.max_bytes
-        seen = 0
+        seen, whole = 0, False
+        deadline = asyncio.get_running_loop().time() + self.max_seconds
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, whole
             if over:
                 raise self._too_large()
-            message = await receive()
+            if whole:  # the body is in: what comes now is a disconnect, whenever
+                return await receive()
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(left, 0.001))
+            except asyncio.TimeoutError:
+                raise self._too_slow() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     raise self._too_large()
             return message
 
         await self.app(scope, limited, send)
+
+    def _too_slow(self) -> HTTPException:
+        return HTTPException(
+            408, f"the request body did not arrive within {self.max_seconds:g} seconds"
+        )
 
     def _too_large(self) -> HTTPException:
         mib = self.max_bytes / 2**20
