@@ -107,8 +107,7 @@ class EngineWorker(QObject):
             cpu = getattr(getattr(self._engine, "model", None), "cpu_path", None)
             if cpu is not None:
                 self.cpu_path.emit(cpu.short())
-            note = getattr(getattr(self._engine, "model", None), "device_note", None)
-            if note:
+            for note in getattr(self._engine, "notes", ()):
                 self.notice.emit(note)
         except Exception as exc:  # the GUI must survive anything the engine raises
             message = str(exc) if isinstance(exc, KvtrimError) else f"could not load: {exc}"

@@ -208,6 +208,7 @@ def test_gpu_layers_on_a_build_without_gpu_say_so(qtbot, tmp_path):
         engine = FakeEngine()
         note = f"{layers} GPU layers asked for, but ... runs on the CPU" if layers else None
         engine.model = types.SimpleNamespace(device_note=note)
+        engine.notes = (note,) if note else ()
         return engine
 
     w = MainWindow(WorkerThread(factory), Store(tmp_path / "h.sqlite3"), Settings(gpu_layers=20))

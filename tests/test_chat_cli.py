@@ -278,3 +278,20 @@ def test_a_script_that_is_no_file_is_refused_not_read(tmp_path, short_doc, kind)
         os.mkfifo(path)
     message = "a directory, not a script" if kind == "directory" else "not a regular file"
     _one_line_error([str(short_doc), "--script", str(path)], message)
+
+
+@pytest.mark.slow
+def test_input_that_is_not_utf8_comes_out_as_replacement_characters(tmp_path):
+    """Issue 23 WEAK: invalid UTF-8 on kvtrim chat's stdin was written back raw into
+    its JSON output; now it is U+FFFD there (a subprocess: real stdin decoding)."""
+    doc = tmp_path / "d.txt"
+    doc.write_text("The pass key is 4242.")
+    script = b'{"question": "What is the key?\xff\xfe"}\nplain \xc0 question?\n'
+    argv = [sys.executable, "-m", "app.main", "chat", str(doc), "--json"]
+    argv += ["--max-tokens", "2", "--policy", "full"]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(argv, input=script, capture_output=True, timeout=120, cwd=root)
+    out = proc.stdout.decode("utf-8")  # strict: no raw byte came back
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows[0]["question"] == "What is the key?\ufffd\ufffd"
+    assert "\ufffd" in rows[1]["error"] or "\ufffd" in out

@@ -92,6 +92,7 @@ class FakeSession:
 def fake_engine(log: dict[str, Any]) -> type:
     class FakeEngine:
         model_name = "fake"
+        notes = ()
         model = SimpleNamespace(
             device_note=None, cpu_path=SimpleNamespace(describe=lambda: "cpu", repack="off")
         )

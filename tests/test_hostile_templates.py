@@ -78,3 +78,22 @@ def test_kvtrim_ask_says_one_line_and_exits_2(models, case, tmp_path):
 def test_the_server_names_a_template_error():
     error = from_engine(TemplateError("m.gguf: its chat template cannot be used (x)"))
     assert (error.status, error.code) == (500, "model_template_error")
+
+
+def test_a_template_that_ignores_the_messages_gets_plain_prompts(tmp_path):
+    """Issue 23 WEAK: a template that writes no message silently dropped the question
+    from every prompt; now the model gets plain prompts and a note says why."""
+    path = tmp_path / "ignores.gguf"
+    gguf_with_template(default_model_path(), path, "<start_of_turn>user\nHi<end_of_turn>\n")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Notes. The pass key is 4242. More notes.")
+    with Engine(path) as engine:
+        assert engine.model.info.chat_template is None
+        (note,) = engine.notes
+        assert "does not write the conversation's messages" in note
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["ask", str(doc), "-q", "What is the pass key?", "--model", str(path)]
+    argv += ["--answer-prefix", "The pass key is", "--max-tokens", "6"]
+    assert main(argv, out=out, err=err) == 0
+    assert "note: the model's chat template does not write" in err.getvalue()
+    assert "4242" in out.getvalue()

@@ -110,6 +110,7 @@ def test_gpu_layers_without_gpu_support_run_on_the_cpu_with_a_note():
             assert eng.model.device_note is None
             return
         assert "runs on the CPU" in eng.model.device_note
+        assert eng.notes == (eng.model.device_note,)
         with eng.session("snapkv", 128) as s:
             result = Session.collect(s.ask("Clara sold the lamp. " * 30, "Who?", max_tokens=4))
         assert result.stats.generated_tokens > 0

@@ -113,6 +113,12 @@ def parse_line(line: str) -> tuple[str | None, str | None]:
     return question, prefix
 
 
+def as_text(line: str) -> str:
+    """``line`` as valid Unicode: bytes that were not UTF-8 (read with Python's
+    surrogate escapes) become U+FFFD, so no output echoes them as raw bytes."""
+    return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def run_script(chat: Chat, lines: Iterable[str], out: TextIO) -> int:
     """Run each JSON line as a turn, printing one JSON object per turn (or per bad
     line, with ``error``). 0 when every line ran, 1 if any failed."""
@@ -122,7 +128,8 @@ def run_script(chat: Chat, lines: Iterable[str], out: TextIO) -> int:
         out.write(json.dumps(obj, ensure_ascii=False) + "\n")
         out.flush()
 
-    for number, line in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=1):
+        line = as_text(raw)
         if not line.strip():
             continue
         try:
@@ -225,7 +232,7 @@ def interactive(chat: Chat, read_line: Callable[[str], str], out: TextIO, err: T
     """The prompt loop; ``read_line`` is ``input`` on a terminal. Returns 0."""
     while True:
         try:
-            line = read_line(PROMPT).strip()
+            line = as_text(read_line(PROMPT)).strip()
         except (EOFError, KeyboardInterrupt):  # Ctrl+D or Ctrl+C at the prompt
             out.write("\n")
             out.flush()
@@ -338,8 +345,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
     lines = _script_lines(args.script) if args.script is not None else None
     scripted = lines is not None or args.json or not _isatty(inp)
     with engine_from_args(args) as engine:
-        if engine.model.device_note:
-            err.write(f"note: {engine.model.device_note}\n")
+        for note in engine.notes:
+            err.write(f"note: {note}\n")
         spec = RequestSpec.from_args(args)
         session = spec.open(engine)
         with session:

@@ -272,8 +272,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     settings = RequestSpec.from_args(args)
     monitor = MemoryMonitor()
     with engine_from_args(args) as engine:
-        if engine.model.device_note:
-            err.write(f"note: {engine.model.device_note}\n")
+        for note in engine.notes:
+            err.write(f"note: {note}\n")
         with settings.open(engine) as session:
             _install_sigint(session)
             done = _answer(args, settings, session, text, monitor, out, err)
@@ -382,8 +382,8 @@ def _info(args: argparse.Namespace, out: TextIO) -> int:
     with engine_from_args(args) as engine:
         info = engine.model.info
         sample = monitor.sample()
-        if engine.model.device_note:
-            out.write(f"note: {engine.model.device_note}\n")
+        for note in engine.notes:
+            out.write(f"note: {note}\n")
         out.write(f"model: {shown(info.name)} ({shown(info.arch)}) {shown(info.path)}\n")
         out.write(f"llama.cpp: {system_info()}\n")
         out.write(f"CPU: {engine.model.cpu_path.describe()}\n")

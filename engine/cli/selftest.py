@@ -51,8 +51,8 @@ def _engine_check(out: TextIO, model: Path | None, gpu_layers: int) -> bool:
         out.write(f"llama.cpp: {system_info()}\n")
         out.write(_gpu_line(monitor, engine.model.n_gpu_layers, engine.model.gpu_offload))
         monitor.close()
-        if engine.model.device_note:
-            out.write(f"note: {engine.model.device_note}\n")
+        for note in engine.notes:
+            out.write(f"note: {note}\n")
         return s.generated_tokens > 0 and s.evicted_tokens > 0 and s.cells_peak <= s.n_ctx
 
 

@@ -213,8 +213,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     requested_mode(args.repack)  # a bad $KVTRIM_REPACK is one line before the model loads
     with engine_from_args(args) as engine:
-        if engine.model.device_note:
-            err.write(f"note: {engine.model.device_note}\n")
+        for note in engine.notes:
+            err.write(f"note: {note}\n")
         if args.host not in LOOPBACK_HOSTS and not args.api_key:
             err.write(f"warning: serving on {args.host} without --api-key\n")
         if args.host in WILDCARD_ADDRESSES and not args.allowed_host:

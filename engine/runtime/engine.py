@@ -38,10 +38,13 @@ class Engine:
         SessionConfig(kv_type=kv_type, swa_cache=swa_cache, batch_tokens=batch_tokens)
         self.model = Model(model_path, n_gpu_layers=n_gpu_layers, repack=repack)
         try:
-            check_template(self.model)  # a template that cannot work: one line, now
+            template_note = check_template(self.model)  # a template that cannot work: now
         except BaseException:
             self.model.close()
             raise
+        notes = (self.model.device_note, template_note)
+        self.notes = tuple(note for note in notes if note)
+        """What the user should know about this model on this machine, a line each."""
         self.n_threads = n_threads
         self.kv_type = kv_type
         self.swa_cache = swa_cache

@@ -155,17 +155,29 @@ def _template_error(model: Model, exc: BaseException) -> TemplateError:
     )
 
 
-def check_template(model: Model) -> None:
+def check_template(model: Model) -> str | None:
     """Render a sample conversation once (as a model is loaded), so a template that
-    cannot work is refused with one line before any chat starts."""
+    cannot work is refused with one line before any chat starts. A template that
+    renders without writing the conversation's messages would drop every question:
+    the model then gets plain prompts (``model.info.chat_template`` is cleared), and
+    the returned note says so."""
     template = model.info.chat_template
     if not template:
-        return
+        return None
     try:
         _render_chat(template, model, "Hello?", system="Be brief.")
         _render_chat(template, model, "Hello?")
+        marked = [{"role": "user", "content": "\x00KVTRIM_CONTENT_0\x00"}]
+        writes_messages = "\x00KVTRIM_CONTENT_0\x00" in _render_messages(template, model, marked)
     except ValueError as exc:  # the template refuses even a plain question
         raise _template_error(model, exc) from None
+    if writes_messages:
+        return None
+    model.info = replace(model.info, chat_template=None)
+    return (
+        "the model's chat template does not write the conversation's messages (a question "
+        "would be dropped); kvtrim gives this model plain prompts instead"
+    )
 
 
 _TAG = re.compile(r"\s*(<[^<>\s]{2,40}>)")
