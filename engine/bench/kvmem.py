@@ -90,7 +90,7 @@ def alloc(engine: Engine, cfg: KVMemConfig, emit: Callable[[dict[str, Any]], Non
             with engine.session("snapkv", budget) as s:
                 s.prepare(n)
                 s.stats.tokens_seen = n  # the baselines for the same tokens
-                chunk_bytes = s.config.chunk() * s.kv_layout.cell_bytes
+                chunk_bytes = s.config.chunk() * s.reader.kv_layout.cell_bytes
                 emit(
                     {
                         "part": "alloc",

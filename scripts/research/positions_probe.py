@@ -81,12 +81,12 @@ def probe(engine: Engine, doc: str, policy: str, budget: int, positions: str) ->
     with engine.session(policy, budget, positions=positions) as s:
         for _ in s.run_tokens(head, tail, max_tokens=0):
             pass
-        first, first_id = s._logits.copy(), s.cache.next_id
+        first, first_id = s.reader.logits.copy(), s.cache.next_id
         rows = np.concatenate(list(s.teacher_force(answer)))
         held_lpos_max = int(s.cache.lpos.max())
         # back to the state after the prefix: what greedy decoding writes there
         s.cache.drop_tail(first_id)
-        s._logits = first
+        s.reader.logits = first
         greedy = Session.collect(s.generate(max_tokens=16, sampling=Sampling())).text
     logits = np.vstack([first[None, :], rows[:-1]])
     m = margins(logits, answer)
