@@ -40,6 +40,11 @@ class Cancelled(KvtrimError):
     """The run was cancelled; the session stays usable."""
 
 
+class StateError(KvtrimError):
+    """A saved cache cannot be used here: another model, settings or version, or a
+    corrupt or truncated file. The message says why; the caller reads the text again."""
+
+
 class EngineError(KvtrimError):
     """llama.cpp returned an error the engine did not expect."""
 

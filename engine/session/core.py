@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from ..native.kvmemory import CacheSettings, type_name
 from ..native.model import Model
 from ..policies import Policy
 from ..stats import Done, Event, KVStats, Result
+from . import state
 from .config import (
     BOUNDED_GAP,
     MAX_BATCH,
@@ -35,6 +37,7 @@ from .prompts import Prompt, ask_prompt, summary_prompt
 from .reader import Reader
 from .sampling import Sampling
 from .sizing import MIN_CHUNK, OwnContext, PoolShare
+from .state import SavedState
 from .trace import MemoryMap, TokenTrace
 
 __all__ = [
@@ -302,6 +305,17 @@ class Session:
     ) -> Iterator[Event]:
         """Generate up to ``max_tokens`` tokens after what was fed (see generate.py)."""
         return generate(self.reader, max_tokens=max_tokens, sampling=sampling, stops=stops)
+
+    def snapshot(self, extra: dict[str, Any] | None = None) -> SavedState:
+        """The cache as it is now, to restore later (see state.py); ``extra``: the
+        caller's JSON values, kept with it."""
+        return state.snapshot(self, extra)
+
+    def restore(self, saved: SavedState) -> None:
+        """Continue from ``saved`` instead of reading again; ``StateError`` (with the
+        reason) when it was made with another model, settings or version, or is
+        damaged: the session is then empty."""
+        state.restore(self, saved)
 
     def memory_map(self) -> MemoryMap:
         """What the cache holds now, mapped to the source text (see trace.py).
