@@ -119,6 +119,14 @@ class Store:
     def delete(self, conversation_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
+    def delete_empty(self) -> int:
+        """Delete the conversations that hold no message; returns how many."""
+        cur = self._db.execute(
+            "DELETE FROM conversations WHERE NOT EXISTS "
+            "(SELECT 1 FROM messages WHERE messages.conversation_id = conversations.id)"
+        )
+        return cur.rowcount
+
     # -- messages and documents -------------------------------------------
 
     def add_message(self, conversation_id: int, role: str, content: str, meta: str = "") -> Message:

@@ -70,7 +70,7 @@ def test_policy_switch_applies_to_the_next_message(qtbot, window):
     window.send()
     _wait_idle(qtbot, window)
     assert window.engine.policies == ["snapkv", "h2o"]
-    assert "H2O" in window.statusBar().currentMessage()
+    assert "H2O" in window.status_line.text()
 
 
 def test_bad_file_shows_an_error_and_the_app_stays_usable(qtbot, window, tmp_path):
@@ -109,7 +109,7 @@ def test_settings_persist_and_sidebar_actions(qtbot, tmp_path):
     w = MainWindow(WorkerThread(lambda p, layers, t: FakeEngine()), store, Settings(), path)
     qtbot.addWidget(w)
     w.panel.set_policy("tova")
-    w.budget.setValue(2048)
+    w.panel.budget.setValue(2048)
     assert load(path).policy == "tova" and load(path).budget_tokens == 2048
     assert "No NVIDIA GPU" in w.graphs.memory_label.text()
     w.input.setPlainText("keep this")
@@ -120,8 +120,9 @@ def test_settings_persist_and_sidebar_actions(qtbot, tmp_path):
     out = tmp_path / "chat.md"
     w.export_chat(out)
     assert out.read_text().startswith("# Renamed chat") and "keep this" in out.read_text()
-    w.delete_chat()
-    assert store.conversations() == [] and w.conversations.count() == 0
+    w.delete_chat()  # the last chat: a new one is shown, not saved
+    assert store.conversations() == [] and w.conversation is None
+    assert w.conversations.count() == 1 and w.conversations.item(0).text() == "New chat"
     w.close()
 
 
