@@ -1,21 +1,48 @@
 """The chat transcript and the message box.
 
-``ChatView`` renders stored messages plus the answer being streamed as Markdown;
-streamed tokens re-render at most every ``RENDER_MS``, because rendering holds
-the GIL that the engine thread's attention callback needs.
+``ChatView`` shows stored messages plus the answer being written, each as HTML
+built by ``transcript`` (the text as written: a bare "48213." stays text). Until
+its first token, the answer being written shows its stage ("reading 512 / 8,876
+tokens"); streamed tokens re-render at most every ``RENDER_MS``, because rendering
+holds the GIL that the engine thread's attention callback needs.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QShowEvent
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser
 
 from .store import Message
+from .transcript import to_html
 
 RENDER_MS = 60
+SPEAKERS = {"user": "You", "assistant": "kvtrim", "system": "System"}
+_DIM = "color:#8a9099"
+
+
+@dataclass
+class Pending:
+    """The answer being written: its ``text`` so far (the answer prefix, then what
+    the model ``writing`` wrote) and, until its first token, its ``stage``; it takes
+    the place of message ``replaces`` (Regenerate) while it is written."""
+
+    text: str = ""
+    stage: str = "reading…"
+    replaces: int | None = None
+    writing: bool = False
+
+
+def message_html(speaker: str, body: str, meta: str = "") -> str:
+    """A speaker label first, then the body (HTML), then the figures, dimmed."""
+    out = f'<p style="margin-top:14px; margin-bottom:2px"><b>{html.escape(speaker)}</b></p>{body}'
+    if meta:
+        out += f'<p style="{_DIM}; margin-top:2px"><i>{html.escape(meta)}</i></p>'
+    return out
 
 
 class MessageInput(QPlainTextEdit):
@@ -36,14 +63,14 @@ class MessageInput(QPlainTextEdit):
 
 
 class ChatView(QTextBrowser):
-    """Shows ``messages()`` and, while one streams, the partial answer."""
+    """Shows ``messages()`` and, while one is written, the ``pending`` answer."""
 
     def __init__(self, messages: Callable[[], Sequence[Message]]) -> None:
         super().__init__()
         self.setOpenExternalLinks(True)
         self._messages = messages
-        self.streaming = ""  # the answer so far
-        self.replacing: int | None = None  # a message the streamed answer replaces
+        self.pending: Pending | None = None
+        self.empty_text = "Drop a document to begin."  # what an empty chat says
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(RENDER_MS)
@@ -59,15 +86,35 @@ class ChatView(QTextBrowser):
 
     def render(self) -> None:  # type: ignore[override]
         self._timer.stop()
-        parts = []
-        for m in self._messages():
-            if m.id == self.replacing and self.streaming:
-                continue  # the regenerated answer streams in its place
-            who = "**You**" if m.role == "user" else "**kvtrim**"
-            meta = f"\n\n*{m.meta}*" if m.meta else ""
-            parts.append(f"{who}\n\n{m.content}{meta}")
-        if self.streaming:
-            parts.append(f"**kvtrim**\n\n{self.streaming}▍")
-        self.setMarkdown("\n\n---\n\n".join(parts) or "*Drop a document to begin.*")
+        pending = self.pending
+        parts = [
+            message_html(SPEAKERS.get(m.role, m.role), to_html(m.content), m.meta)
+            for m in self._messages()
+            if pending is None or m.id != pending.replaces  # the new answer takes its place
+        ]
+        if pending is not None:
+            if pending.writing:
+                body = to_html(pending.text + "▍")
+            else:
+                body = to_html(pending.text) if pending.text.strip() else ""
+                body += f'<p style="{_DIM}"><i>{html.escape(pending.stage)}</i></p>'
+            parts.append(message_html(SPEAKERS["assistant"], body))
+        if not parts:
+            parts = [f'<p style="{_DIM}"><i>{html.escape(self.empty_text)}</i></p>']
+        shade = self.palette().alternateBase().color().name()  # code on a light or dark shade
+        self.document().setDefaultStyleSheet(
+            f"p {{ margin-top: 3px; margin-bottom: 3px; }} pre {{ background-color: {shade}; }}"
+            f" code {{ background-color: {shade}; }}"
+        )
+        self.setHtml("".join(parts))
+        self.to_bottom()
+
+    def to_bottom(self) -> None:
+        """Scroll to the newest message."""
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """Shown for the first time (or again): the newest message, once laid out."""
+        super().showEvent(event)
+        QTimer.singleShot(0, self, self.to_bottom)

@@ -1,16 +1,20 @@
-"""Live memory graphs (pyqtgraph), x in seconds.
+"""Live memory graphs (pyqtgraph) on one time axis: seconds since the app started.
 
 The KV plot draws the cache the session holds against two baselines for the same
 tokens: what llama.cpp's own default context would allocate (sliding-window
 layers at window + batch cells; the comparison the label states first) and a
 cache with a cell per token in every layer (llama-cpp-python's ``swa_full``).
 Below it: tokens in cache against tokens seen, and GPU memory (NVML) or, without
-an NVIDIA GPU, the process's RAM."""
+an NVIDIA GPU, the process's RAM. Each plot's title and legend sit in a line
+above it, off the data, and the three show the same span of time: from the shown
+chat's first sample (or the app's start) to now."""
 
 from __future__ import annotations
 
+import html
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -21,95 +25,130 @@ from engine.stats import KVStats
 
 _MB = 2**20
 HISTORY = 3000  # samples per curve: 25 minutes at 2 Hz
+MIN_SPAN_S = 10.0  # the time axis shows at least this many seconds
+TIME_LABEL = "s since kvtrim started"
+SOLID, DASH, DOT = Qt.PenStyle.SolidLine, Qt.PenStyle.DashLine, Qt.PenStyle.DotLine
+_GLYPHS = {SOLID: "━━━", DASH: "━&nbsp;━", DOT: "┅┅┅"}  # HTML, unbreakable
+# (name in the legend, colour, width, style) of each curve
+KV_CURVES = (
+    ("held", "#2a9d8f", 2.0, SOLID),
+    ("llama.cpp default", "#e76f51", 2.0, DASH),
+    ("swa_full (every layer)", "#f4a261", 1.5, DOT),
+)
+TOKEN_CURVES = (("in cache", "#2a9d8f", 2.0, SOLID), ("seen", "#e9c46a", 2.0, SOLID))
+MEMORY_CURVES = (
+    ("used", "#8ab4f8", 2.0, SOLID),
+    ("total", "#9aa0a6", 1.0, DOT),  # a GPU's; not listed without one
+    ("kvtrim", "#c58af9", 2.0, SOLID),  # this process on the GPU: weights, KV, buffers
+)
+
+Curve = tuple[str, str, float, Qt.PenStyle]
+
+
+def legend_html(title: str, curves: Sequence[Curve]) -> str:
+    """A plot's title and a sample of each curve's line with its name."""
+    items = "&nbsp;&nbsp; ".join(
+        f'<span style="color:{colour}">{_GLYPHS[style]}</span>&nbsp;{_unbroken(name)}'
+        for name, colour, _, style in curves
+    )
+    return f"<b>{html.escape(title)}</b>&nbsp;&nbsp;&nbsp; {items}"
+
+
+def _unbroken(text: str) -> str:
+    """A legend entry wraps as a whole, never inside its name."""
+    return html.escape(text).replace(" ", "&nbsp;")
 
 
 class MemoryGraphs(QWidget):
     """Three small plots; ``add`` takes engine stats, ``add_memory`` monitor samples."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, parent: QWidget | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__(parent)
+        self._clock = clock
+        self._t0 = clock()  # the time axis: seconds since then, for every plot
         # (s, held MB, llama.cpp default MB, swa_full MB, cells used, tokens seen)
         self.samples: deque[tuple[float, float, float, float, int, int]] = deque(maxlen=HISTORY)
         self.memory: deque[tuple[float, float, float, float]] = deque(maxlen=HISTORY)
-        self._t0 = time.monotonic()
-        self._job_t0 = self._t0
         self.last: KVStats | None = None
-        self.kv_plot = pg.PlotWidget(title="KV cache (MB)")
-        self.kv_plot.addLegend(offset=(5, 5))
-        self.kv_held = self.kv_plot.plot(name="held", pen=pg.mkPen("#2a9d8f", width=2))
-        self.kv_default = self.kv_plot.plot(
-            name="llama.cpp default",
-            pen=pg.mkPen("#e76f51", width=2, style=Qt.PenStyle.DashLine),
-        )
-        self.kv_full = self.kv_plot.plot(
-            name="swa_full (every layer)",
-            pen=pg.mkPen("#f4a261", width=1.5, style=Qt.PenStyle.DotLine),
-        )
-        self.tok_plot = pg.PlotWidget(title="tokens")
-        self.tok_plot.addLegend(offset=(5, 5))
-        self.tok_cache = self.tok_plot.plot(name="in cache", pen=pg.mkPen("#2a9d8f", width=2))
-        self.tok_seen = self.tok_plot.plot(name="seen", pen=pg.mkPen("#e9c46a", width=2))
-        self.mem_plot = pg.PlotWidget(title="memory (MB)")
-        self.mem_plot.addLegend(offset=(5, 5))
-        self.mem_used = self.mem_plot.plot(name="used", pen=pg.mkPen("#8ab4f8", width=2))
-        # no name: the legend lists "total" only once a GPU reports it
-        self.mem_total = self.mem_plot.plot(
-            pen=pg.mkPen("#9aa0a6", width=1, style=Qt.PenStyle.DotLine)
-        )
-        # this process on the GPU (weights, KV, compute buffers): what the GPU check measures
-        self.mem_process = self.mem_plot.plot(pen=pg.mkPen("#c58af9", width=2))
-        self._total_in_legend = False
-        for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
-            plot.setMinimumHeight(120)
-            plot.showGrid(x=False, y=True, alpha=0.3)
-            plot.setLabel("bottom", "s")
         self.saving = QLabel("No document read yet.")
         self.saving.setWordWrap(True)
         self.memory_label = QLabel()
         self.memory_label.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.kv_plot)
+        self.kv_plot, self.kv_legend = self._plot(layout, "KV cache (MB)", KV_CURVES)
         layout.addWidget(self.saving)
-        layout.addWidget(self.tok_plot)
-        layout.addWidget(self.mem_plot)
+        self.tok_plot, self.tok_legend = self._plot(layout, "tokens", TOKEN_CURVES)
+        self.mem_plot, self.mem_legend = self._plot(layout, "memory (MB)", MEMORY_CURVES[:1])
         layout.addWidget(self.memory_label)
+        self.kv_held, self.kv_default, self.kv_full = (
+            self._curve(self.kv_plot, c) for c in KV_CURVES
+        )
+        self.tok_cache, self.tok_seen = (self._curve(self.tok_plot, c) for c in TOKEN_CURVES)
+        self.mem_used, self.mem_total, self.mem_process = (
+            self._curve(self.mem_plot, c) for c in MEMORY_CURVES
+        )
+        for plot in (self.tok_plot, self.mem_plot):
+            plot.setXLink(self.kv_plot)  # one time axis
+        self.mem_plot.setLabel("bottom", TIME_LABEL)  # under the last plot, for all three
+
+    @staticmethod
+    def _plot(
+        layout: QVBoxLayout, title: str, curves: Sequence[Curve]
+    ) -> tuple[pg.PlotWidget, QLabel]:
+        legend = QLabel(legend_html(title, curves))
+        legend.setWordWrap(True)
+        plot = pg.PlotWidget()
+        plot.setMinimumHeight(110)
+        plot.showGrid(x=False, y=True, alpha=0.3)
+        plot.setMouseEnabled(x=False, y=True)
+        plot.enableAutoRange(axis=pg.ViewBox.XAxis, enable=False)
+        plot.getViewBox().setAutoVisible(y=True)  # y fits the samples in the time shown
+        layout.addWidget(legend)
+        layout.addWidget(plot, 1)
+        return plot, legend
+
+    @staticmethod
+    def _curve(plot: pg.PlotWidget, curve: Curve) -> pg.PlotDataItem:
+        _, colour, width, style = curve
+        return plot.plot(pen=pg.mkPen(colour, width=width, style=style))
 
     def set_dark(self, dark: bool) -> None:
-        """Backgrounds, titles, axes and legends for a dark or a light theme."""
+        """Backgrounds and axes for a dark or a light theme (legends follow the palette)."""
         fg = "#d0d0d0" if dark else "#404040"
         bg = "#16181b" if dark else "#ffffff"
         for plot in (self.kv_plot, self.tok_plot, self.mem_plot):
             plot.setBackground(bg)
             item = plot.getPlotItem()
-            item.titleLabel.setAttr("color", fg)
-            item.setTitle(item.titleLabel.text)  # redrawn in the new colour
-            # a legend on a backing, so a line passing under it leaves it readable
-            backing = pg.mkColor(bg)
-            backing.setAlpha(220)
-            item.legend.setBrush(backing)
-            item.legend.setLabelTextColor(fg)
-            for _, label in item.legend.items:
-                label.setText(label.text)  # redrawn in the new colour
             for axis in ("left", "bottom"):
                 item.getAxis(axis).setPen(fg)
                 item.getAxis(axis).setTextPen(fg)
 
+    def now(self) -> float:
+        """Seconds since the app started: the x of every sample."""
+        return self._clock() - self._t0
+
     def start(self) -> None:
-        """A new job: the KV and token graphs start again at 0 s."""
+        """A new job: its first sample comes from the engine, not the last job's."""
+        self.last = None
+
+    def clear(self) -> None:
+        """Another chat is shown: the KV and token graphs start empty."""
         self.samples.clear()
         self.last = None
-        self._job_t0 = time.monotonic()
         for curve in (self.kv_held, self.kv_default, self.kv_full, self.tok_cache, self.tok_seen):
             curve.setData([], [])
+        self.saving.setText("No document read yet.")
+        self._follow_time()
 
     def add(self, stats: KVStats) -> None:
         """One KV sample now (an engine event, or the last one again on a timer tick)."""
         self.last = stats
         held, default = stats.kv_bytes / _MB, stats.kv_bytes_llama_default / _MB
         full = stats.kv_bytes_full / _MB
-        t = time.monotonic() - self._job_t0
-        self.samples.append((t, held, default, full, stats.cells_used, stats.tokens_seen))
+        self.samples.append((self.now(), held, default, full, stats.cells_used, stats.tokens_seen))
         xs = [s[0] for s in self.samples]
         self.kv_held.setData(xs, [s[1] for s in self.samples])
         self.kv_default.setData(xs, [s[2] for s in self.samples])
@@ -117,15 +156,15 @@ class MemoryGraphs(QWidget):
         self.tok_cache.setData(xs, [s[4] for s in self.samples])
         self.tok_seen.setData(xs, [s[5] for s in self.samples])
         self.saving.setText(saving_text(stats))
+        self._follow_time()
 
     def add_memory(self, sample: MemorySample) -> None:
         """GPU memory when NVML sees a GPU, else the process's RAM."""
-        t = time.monotonic() - self._t0
         mine = float("nan")
         if sample.gpus:
             gpu = sample.gpus[0]
             used, total = gpu.used_bytes / _MB, gpu.total_bytes / _MB
-            self.mem_plot.setTitle(f"GPU memory (MB): {gpu.name}")
+            title = f"GPU memory (MB): {gpu.name}"
             text = f"{gpu.name}: {used:,.0f} of {total:,.0f} MB used"
             if sample.process_gpu_bytes is not None:
                 mine = sample.process_gpu_bytes / _MB
@@ -133,23 +172,32 @@ class MemoryGraphs(QWidget):
             text += f" · process RAM {sample.rss_bytes / _MB:,.0f} MB"
         else:
             used, total = sample.rss_bytes / _MB, float("nan")
-            self.mem_plot.setTitle("process RAM (MB): no NVIDIA GPU")
+            title = "process RAM (MB): no NVIDIA GPU"
             text = f"No NVIDIA GPU: showing process RAM, {used:,.0f} MB"
-        self.memory.append((t, used, total, mine))
+        self.mem_legend.setText(
+            legend_html(title, MEMORY_CURVES if sample.gpus else MEMORY_CURVES[:1])
+        )
+        self.memory.append((self.now(), used, total, mine))
         xs = [m[0] for m in self.memory]
         self.mem_used.setData(xs, [m[1] for m in self.memory])
         if sample.gpus:
             self.mem_total.setData(xs, [m[2] for m in self.memory])
             self.mem_process.setData(xs, [m[3] for m in self.memory], connect="finite")
-            if not self._total_in_legend:
-                legend = self.mem_plot.getPlotItem().legend
-                legend.addItem(self.mem_total, "total")
-                legend.addItem(self.mem_process, "kvtrim")
-                self._total_in_legend = True
         else:
             self.mem_total.setData([], [])
             self.mem_process.setData([], [])
         self.memory_label.setText(text)
+        self._follow_time()
+
+    def span(self) -> tuple[float, float]:
+        """The time the plots show: from the chat's first KV sample (or the app's
+        start) to now, at least ``MIN_SPAN_S`` long."""
+        end = self.now()
+        start = self.samples[0][0] if self.samples else 0.0
+        return max(0.0, min(start, end - MIN_SPAN_S)), max(end, MIN_SPAN_S)
+
+    def _follow_time(self) -> None:
+        self.kv_plot.setXRange(*self.span(), padding=0.01)
 
 
 def saving_text(stats: KVStats) -> str:

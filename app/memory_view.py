@@ -42,6 +42,7 @@ from engine.session.trace import (
     strip,
 )
 
+EMPTY = "Ask about a document to see what the model keeps of it."
 COST_FACTOR = 4  # a draw that takes t ms waits 4t ms before the next (at most 20% of the GUI)
 NAMES = {
     "prompt": "prompt",
@@ -170,7 +171,7 @@ class MemoryView(QWidget):
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self._draw)
-        self.summary = QLabel("Ask about a document to see what the model keeps of it.")
+        self.summary = QLabel(EMPTY)
         self.summary.setWordWrap(True)
         legend = QLabel(
             '<span style="background:#ffe29a">&nbsp;strongest&nbsp;</span> '
@@ -179,6 +180,7 @@ class MemoryView(QWidget):
             '<u>sink</u> kept <span style="color:#9aa0a6">evicted</span> '
             '<i style="color:#b8bcc2">not read yet</i>'
         )
+        legend.setWordWrap(True)  # a narrow tab wraps it instead of cutting it
         self.text = QPlainTextEdit()
         self.text.setReadOnly(True)
         self.text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
@@ -196,6 +198,15 @@ class MemoryView(QWidget):
         layout.addWidget(self.summary)
         layout.addWidget(legend)
         layout.addLayout(row, 1)
+
+    def clear(self) -> None:
+        """Another chat is shown: nothing of the last one's text."""
+        self._timer.stop()
+        self.map = None
+        self.roles = np.zeros(0, np.uint8)
+        self.text.clear()
+        self.minimap.set_roles(self.roles)
+        self.summary.setText(EMPTY)
 
     def set_dark(self, dark: bool) -> None:
         self.highlighter.set_palette(DARK if dark else LIGHT)

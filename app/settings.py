@@ -11,6 +11,10 @@ from typing import Any
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import POLICIES
 from engine.runtime.batch import write_atomic
+from engine.session.sizing import MIN_CHUNK
+
+MIN_BUDGET = MIN_CHUNK  # the smallest --budget the CLI takes
+MAX_TEMPERATURE = 2.0
 
 SCHEMA_VERSION = 1
 
@@ -27,11 +31,13 @@ class Settings:
     kv_type: str = "f16"  # the KV cache's type: f16, q8_0 or q4_0 (engine.kvmemory.KV_TYPES)
     # per policy, the parameters the user changed from the paper's defaults
     policy_params: dict[str, dict[str, int]] = field(default_factory=dict)
-    max_tokens: int = 256
+    max_tokens: int = 128  # the CLI's --max-tokens default
     temperature: float = 0.0
     system_prompt: str = ""
     answer_prefix: str = ""  # what answers start with: steers base models
     theme: str = "system"  # system, light or dark
+    window_geometry: str = ""  # QWidget.saveGeometry(), base64: size and place at the last close
+    splitter_sizes: list[int] = field(default_factory=list)  # sidebar, chat, tabs (pixels)
 
     def validated(self) -> Settings:
         """A copy with out-of-range values replaced by defaults."""
@@ -39,7 +45,7 @@ class Settings:
         out = Settings(**asdict(self))
         if out.policy not in POLICIES:
             out.policy = d.policy
-        if out.budget_tokens < 64:
+        if out.budget_tokens < MIN_BUDGET:
             out.budget_tokens = d.budget_tokens
         if out.kv_type not in KV_TYPES:
             out.kv_type = d.kv_type
@@ -48,7 +54,10 @@ class Settings:
         out.gpu_layers = max(0, out.gpu_layers)
         out.threads = max(0, out.threads)
         out.max_tokens = max(1, out.max_tokens)
-        out.temperature = min(max(0.0, out.temperature), 2.0)
+        out.temperature = min(max(0.0, out.temperature), MAX_TEMPERATURE)
+        sizes = out.splitter_sizes
+        if len(sizes) != 3 or not all(isinstance(n, int) and n >= 0 for n in sizes):
+            out.splitter_sizes = []
         out.policy_params = {
             name: {k: v for k, v in params.items() if isinstance(v, int) and v >= 0}
             for name, params in out.policy_params.items()

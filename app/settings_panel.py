@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication, QShowEvent
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -36,7 +39,7 @@ from engine.native.finder import FoundModel, find_models, format_size
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import H2O, POLICIES
 
-from .settings import Settings
+from .settings import MAX_TEMPERATURE, MIN_BUDGET, Settings
 
 PARAMS = {
     "n_sink": ("Sink tokens", "The first tokens, always kept: attention sinks."),
@@ -54,6 +57,80 @@ KV_TYPE_TIP = (
     "and keep V in f16; StreamingLLM and the full cache quantize V too (flash attention on)."
 )
 H2O_RECENT = "The newest tokens, always kept; 0 keeps half the budget (the paper's split)."
+STREAMING_RECENT = (
+    "StreamingLLM keeps the sinks and the newest tokens: budget {budget:,} minus {sinks:,} "
+    "sinks = a recent window of {window:,} tokens."
+)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number the panel edits: a ``Settings`` field, its row and its range
+    (the CLI's: ``engine/cli/main.py``'s request options)."""
+
+    group: str
+    field: str
+    label: str
+    hint: str
+    low: float
+    high: float
+    step: float = 1
+    suffix: str = ""
+    decimals: int = 0  # 0: a whole number
+
+    def box(self, value: float) -> QAbstractSpinBox:
+        """A spin box over the range, showing ``value``."""
+        box: QSpinBox | QDoubleSpinBox
+        if self.decimals:
+            box = QDoubleSpinBox()
+            box.setDecimals(self.decimals)
+            box.setRange(self.low, self.high)
+            box.setSingleStep(self.step)
+            box.setValue(float(value))
+        else:
+            box = QSpinBox()
+            box.setRange(int(self.low), int(self.high))
+            box.setSingleStep(int(self.step))
+            box.setGroupSeparatorShown(True)
+            box.setValue(int(value))
+        box.setSuffix(self.suffix)
+        box.setToolTip(f"{self.low:g} to {self.high:,g}")
+        return box
+
+
+NUMBERS = (
+    Number(
+        "Eviction",
+        "budget_tokens",
+        "KV budget",
+        "Tokens the cache keeps; memory is fixed by it.",
+        MIN_BUDGET,
+        131072,
+        256,
+        " tokens",
+    ),
+    Number(
+        "Chat",
+        "max_tokens",
+        "Max tokens",
+        'The longest answer; it stops there ("max tokens reached").',
+        1,
+        32768,
+        64,
+        " tokens",
+    ),
+    Number(
+        "Chat",
+        "temperature",
+        "Temperature",
+        "0 answers greedily, the same each time; higher samples more freely (Regenerate "
+        "uses at least 0.7).",
+        0.0,
+        MAX_TEMPERATURE,
+        0.1,
+        decimals=2,
+    ),
+)
 
 
 def policy_defaults(name: str) -> dict[str, int]:
@@ -63,6 +140,24 @@ def policy_defaults(name: str) -> dict[str, int]:
         for f in dataclasses.fields(POLICIES[name])
         if f.name in PARAMS and isinstance(f.default, int)
     }
+
+
+def _combo() -> QComboBox:
+    """A combo box as narrow as a short item: long items are cut in the box only."""
+    combo = QComboBox()
+    combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    combo.setMinimumContentsLength(8)
+    return combo
+
+
+def _row(*widgets: QWidget, stretch_first: bool = True) -> QWidget:
+    """Widgets side by side, the first taking the room left."""
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for i, widget in enumerate(widgets):
+        layout.addWidget(widget, 1 if i == 0 and stretch_first else 0)
+    return row
 
 
 def _explained(widget: QWidget, text: str) -> QWidget:
@@ -95,38 +190,39 @@ class SettingsPanel(QWidget):
         self._find = find
         self.found: list[FoundModel] = []
         self._scanned = False  # the first look happens when the panel is first shown
+        self.numbers: dict[str, QAbstractSpinBox] = {}  # NUMBERS' boxes by settings field
         outer = QVBoxLayout(self)
-        groups = {name: QGroupBox(name) for name in ("Model", "Eviction", "Chat")}
-        for group in groups.values():
+        for title, build in (
+            ("Model", self._model_group),
+            ("Eviction", self._eviction_group),
+            ("Chat", self._chat_group),
+        ):
+            group = QGroupBox(title)
+            form = QFormLayout(group)
+            form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
+            build(form)
             outer.addWidget(group)
         outer.addStretch(1)
+        self.budget = self.numbers["budget_tokens"]
+        self.policy.currentIndexChanged.connect(self._policy_edited)
+        self._show_policy()
 
-        form = QFormLayout(groups["Model"])
-        self.model_path = QLineEdit(settings.model_path)
+    def _model_group(self, form: QFormLayout) -> None:
+        """The model file, one found on this computer, GPU layers, threads, Reload."""
+        self.model_path = QLineEdit(self.settings.model_path)
         self.model_path.setPlaceholderText("embedded default (Gemma 3 270M)")
         self.model_path.setReadOnly(True)
         form.addRow(self.model_path)
         choose, default = QPushButton("Choose GGUF…"), QPushButton("Use default")
         choose.clicked.connect(self._choose_model)
         default.clicked.connect(lambda: self.model_path.setText(""))
-        row = QHBoxLayout()
-        row.addWidget(choose)
-        row.addWidget(default)
-        form.addRow(row)
-        self.found_models = QComboBox()
-        self.found_models.setSizeAdjustPolicy(
-            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
-        )
-        self.found_models.setMinimumContentsLength(16)
+        form.addRow(_row(choose, default))
+        self.found_models = _combo()
         self.found_models.activated.connect(self._choose_found)
         self.refresh_models_button = QPushButton("Refresh")
         self.refresh_models_button.setToolTip("Look again for downloaded models")
         self.refresh_models_button.clicked.connect(self.refresh_models)
-        found_row = QWidget()
-        found_layout = QHBoxLayout(found_row)
-        found_layout.setContentsMargins(0, 0, 0, 0)
-        found_layout.addWidget(self.found_models, 1)
-        found_layout.addWidget(self.refresh_models_button)
+        found_row = _row(self.found_models, self.refresh_models_button)
         form.addRow(
             "On this computer",
             _explained(found_row, "GGUF models LM Studio, Ollama and Hugging Face downloaded."),
@@ -134,13 +230,13 @@ class SettingsPanel(QWidget):
         self._show_found()
         self.gpu_layers = QSpinBox()
         self.gpu_layers.setRange(0, 999)
-        self.gpu_layers.setValue(settings.gpu_layers)
+        self.gpu_layers.setValue(self.settings.gpu_layers)
         self.gpu_layers.setToolTip("0 runs on the CPU; 999 offloads every layer")
         form.addRow("GPU layers", _explained(self.gpu_layers, "Layers offloaded to the GPU."))
         self.threads = QSpinBox()
         self.threads.setRange(0, os.cpu_count() or 64)
         self.threads.setSpecialValueText("auto")
-        self.threads.setValue(settings.threads)
+        self.threads.setValue(self.settings.threads)
         form.addRow("Threads", _explained(self.threads, "CPU threads; auto = one per core."))
         self.reload_button = QPushButton("Reload model")
         self.reload_button.setEnabled(False)
@@ -154,28 +250,21 @@ class SettingsPanel(QWidget):
         ):
             signal.connect(self.refresh_reload_button)
 
-        form = QFormLayout(groups["Eviction"])
-        self.policy = QComboBox()
+    def _eviction_group(self, form: QFormLayout) -> None:
+        """The policy, the KV budget, the cache type and the policy's parameters."""
+        self.policy = _combo()
         for name, cls in POLICIES.items():
             self.policy.addItem(cls.label, name)
-        self.policy.setCurrentIndex(self.policy.findData(settings.policy))
+        self.policy.setCurrentIndex(self.policy.findData(self.settings.policy))
         self.policy_help = QLabel()
         self.policy_help.setWordWrap(True)
         form.addRow("Policy", self.policy)
         form.addRow(self.policy_help)
-        self.budget = QSpinBox()
-        self.budget.setRange(64, 131072)
-        self.budget.setSingleStep(256)
-        self.budget.setSuffix(" tokens")
-        self.budget.setGroupSeparatorShown(True)
-        self.budget.setValue(settings.budget_tokens)
-        form.addRow(
-            "KV budget", _explained(self.budget, "Tokens the cache keeps; memory is fixed by it.")
-        )
-        self.kv_type = QComboBox()
+        self._add_numbers(form, "Eviction")
+        self.kv_type = _combo()
         for name in KV_TYPES:
             self.kv_type.addItem(KV_TYPE_LABELS.get(name, name), name)
-        self.kv_type.setCurrentIndex(max(0, self.kv_type.findData(settings.kv_type)))
+        self.kv_type.setCurrentIndex(max(0, self.kv_type.findData(self.settings.kv_type)))
         self.kv_type.setToolTip(KV_TYPE_TIP)
         self.kv_type.currentIndexChanged.connect(self._edited)
         form.addRow("KV cache type", _explained(self.kv_type, KV_TYPE_HELP))
@@ -190,29 +279,45 @@ class SettingsPanel(QWidget):
             form.addRow(label, box)
             spin.valueChanged.connect(lambda value, k=key: self._param_edited(k, value))
 
-        form = QFormLayout(groups["Chat"])
-        self.system_prompt = QPlainTextEdit(settings.system_prompt)
+    def _chat_group(self, form: QFormLayout) -> None:
+        """Max tokens, temperature, the system prompt, the answer's start, the theme."""
+        self._add_numbers(form, "Chat")
+        self.system_prompt = QPlainTextEdit(self.settings.system_prompt)
         self.system_prompt.setPlaceholderText("System prompt (optional)")
         self.system_prompt.setMaximumHeight(60)
         self.system_prompt.textChanged.connect(self._edited)
         form.addRow("System prompt", self.system_prompt)
-        self.answer_prefix = QLineEdit(settings.answer_prefix)
+        self.answer_prefix = QLineEdit(self.settings.answer_prefix)
         self.answer_prefix.setPlaceholderText("e.g. The pass key is")
         self.answer_prefix.textChanged.connect(self._edited)
         form.addRow(
             "Answer starts with",
             _explained(self.answer_prefix, "Steers base models, which continue text."),
         )
-        self.theme = QComboBox()
+        self.theme = _combo()
         for mode in ("system", "light", "dark"):
             self.theme.addItem(mode.capitalize(), mode)
-        self.theme.setCurrentIndex(self.theme.findData(settings.theme))
+        self.theme.setCurrentIndex(self.theme.findData(self.settings.theme))
         self.theme.currentIndexChanged.connect(self._edited)
         form.addRow("Theme", self.theme)
 
-        self.policy.currentIndexChanged.connect(self._policy_edited)
-        self.budget.valueChanged.connect(self._edited)
-        self._show_policy()
+    def _add_numbers(self, form: QFormLayout, group: str) -> None:
+        """The group's rows of ``NUMBERS``: each edits its settings field."""
+        for number in NUMBERS:
+            if number.group != group:
+                continue
+            box = number.box(getattr(self.settings, number.field))
+            box.valueChanged.connect(  # type: ignore[attr-defined]
+                lambda value, field=number.field: self._number_edited(field, value)
+            )
+            self.numbers[number.field] = box
+            form.addRow(number.label, _explained(box, number.hint))
+
+    def _number_edited(self, field: str, value: float) -> None:
+        setattr(self.settings, field, value)
+        if field == "budget_tokens":
+            self._show_policy()  # StreamingLLM's window follows the budget
+        self.changed.emit()
 
     # -- what the window reads --------------------------------------------
 
@@ -257,7 +362,12 @@ class SettingsPanel(QWidget):
         if not self._scanned:
             combo.addItem("Not looked yet", None)
         elif not self.found:
-            combo.addItem("None found (LM Studio, Ollama, Hugging Face)", None)
+            combo.addItem("None found", None)
+            combo.setItemData(
+                0,
+                "No GGUF model from LM Studio, Ollama or Hugging Face",
+                Qt.ItemDataRole.ToolTipRole,
+            )
         else:
             n = len(self.found)
             combo.addItem(f"Choose one of {n} model{'s' if n > 1 else ''}…", None)
@@ -292,6 +402,14 @@ class SettingsPanel(QWidget):
         if name:
             self.model_path.setText(name)
 
+    def set_busy(self, busy: bool) -> None:
+        """No model change while the engine works."""
+        self.found_models.setEnabled(not busy)
+        if busy:
+            self.reload_button.setEnabled(False)
+        else:
+            self.refresh_reload_button()
+
     def refresh_reload_button(self) -> None:
         """Enabled only when the model, GPU layers or threads differ from the loaded ones."""
         s = self.settings
@@ -324,6 +442,15 @@ class SettingsPanel(QWidget):
             spin.setValue(values.get(key, 0))
             spin.blockSignals(False)
         hint = H2O_RECENT if cls is H2O else PARAMS["recent"][1]
+        if cls is not None and cls.recency_only:  # its score is recency: the rest is recent
+            sinks, budget = values.get("n_sink", 0), self.settings.budget_tokens
+            window = max(budget - sinks, 0)
+            hint = STREAMING_RECENT.format(budget=budget, sinks=sinks, window=window)
+            recent = self.params["recent"]
+            recent.blockSignals(True)
+            recent.setEnabled(False)
+            recent.setValue(window)
+            recent.blockSignals(False)
         self.param_hints["recent"].setText(hint)
 
     def _param_edited(self, key: str, value: int) -> None:
@@ -333,12 +460,13 @@ class SettingsPanel(QWidget):
             params.pop(key, None)
         else:
             params[key] = value
+        if key == "n_sink":
+            self._show_policy()  # StreamingLLM's window is the budget less the sinks
         self._edited()
 
     def _edited(self) -> None:
         s = self.settings
         s.policy = self.policy_name()
-        s.budget_tokens = self.budget.value()
         s.kv_type = self.kv_type_name()
         s.system_prompt = self.system_prompt.toPlainText().strip()
         s.answer_prefix = self.answer_prefix.text().strip()

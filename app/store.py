@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .transcript import escape_markdown_line, to_markdown
+
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -117,6 +119,14 @@ class Store:
     def delete(self, conversation_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
+    def delete_empty(self) -> int:
+        """Delete the conversations that hold no message; returns how many."""
+        cur = self._db.execute(
+            "DELETE FROM conversations WHERE NOT EXISTS "
+            "(SELECT 1 FROM messages WHERE messages.conversation_id = conversations.id)"
+        )
+        return cur.rowcount
+
     # -- messages and documents -------------------------------------------
 
     def add_message(self, conversation_id: int, role: str, content: str, meta: str = "") -> Message:
@@ -176,21 +186,23 @@ class Store:
         return [Document(*row) for row in rows]
 
     def export_markdown(self, conversation_id: int) -> str:
-        """The conversation as Markdown: title, attached documents, then each turn."""
+        """The conversation as Markdown: title, attached documents, then each turn,
+        each message's text shown as written (``transcript.to_markdown``)."""
         title = self._db.execute(
             "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
         if title is None:
             raise KeyError(conversation_id)
-        lines = [f"# {title[0]}", ""]
+        lines = [f"# {escape_markdown_line(title[0])}", ""]
         docs = self.documents(conversation_id)
         if docs:
-            lines += ["Documents: " + ", ".join(d.name for d in docs), ""]
+            listed = ", ".join(d.name for d in docs)
+            lines += [escape_markdown_line(f"Documents: {listed}"), ""]
         names = {"user": "You", "assistant": "kvtrim", "system": "System"}
         for m in self.messages(conversation_id):
-            lines += [f"**{names[m.role]}:**", "", m.content, ""]
+            lines += [f"**{names[m.role]}:**", "", to_markdown(m.content), ""]
             if m.meta:
-                lines += [f"*{m.meta}*", ""]
+                lines += [f"*{escape_markdown_line(m.meta)}*", ""]
         return "\n".join(lines)
 
 

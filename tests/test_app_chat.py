@@ -80,11 +80,11 @@ def test_follow_ups_continue_the_same_session(qtbot, tmp_path, engines):
 
 def test_a_changed_kv_type_reads_the_transcript_again(qtbot, tmp_path, engines):
     w = _open(qtbot, tmp_path, engines)
-    assert w.panel.kv_type_name() == "f16" and "· KV" not in w.statusBar().currentMessage()
+    assert w.panel.kv_type_name() == "f16" and "· KV" not in w.status_line.text()
     _ask(qtbot, w, "first?")
     w.panel.kv_type.setCurrentIndex(w.panel.kv_type.findData("q8_0"))
     assert load(tmp_path / "settings.json").kv_type == "q8_0"
-    assert w.statusBar().currentMessage().endswith("· KV q8_0")
+    assert w.status_line.text().endswith("· KV q8_0")
     _ask(qtbot, w, "second?")  # not a follow-up: the old cache is f16
     assert len(engines.current.sessions) == 2 and engines.current.sessions[0].closed
     assert [k["kv_type"] for k in engines.current.kwargs] == ["f16", "q8_0"]
@@ -101,8 +101,8 @@ def test_regenerate_replaces_the_last_answer_and_copy(qtbot, tmp_path, engines):
     _ask(qtbot, w, "what?")
     before = w.store.messages(w.conversation.id)
     w.regenerate()
-    assert w.replacing == before[-1].id
-    qtbot.waitUntil(lambda: w.replacing is None and not w.busy, timeout=5000)
+    assert w.answering.replacing == before[-1].id
+    qtbot.waitUntil(lambda: w.answering.replacing is None and not w.busy, timeout=5000)
     after = w.store.messages(w.conversation.id)
     assert [m.role for m in after] == ["user", "assistant"]
     assert after[-1].id == before[-1].id and after[-1].created_s == before[-1].created_s
@@ -253,7 +253,7 @@ def test_out_of_memory_is_a_message_and_the_next_message_works(qtbot, tmp_path):
     w.send()
     qtbot.waitUntil(lambda: "smaller" in w.error.text(), timeout=5000)
     qtbot.waitUntil(lambda: not w.busy, timeout=5000)
-    w.budget.setValue(1024)
+    w.panel.budget.setValue(1024)
     _ask(qtbot, w, "and now?")
     assert w.store.messages(w.conversation.id)[-1].content == "forty-two"
     w.close()

@@ -35,12 +35,13 @@ def _window(qtbot, tmp_path, settings: Settings) -> MainWindow:
     w = MainWindow(WorkerThread(), Store(tmp_path / "h.sqlite3"), settings)
     qtbot.addWidget(w)
     w.show()
-    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m", timeout=60_000)
+    # the load's busy(False) too: else waiting for busy then idle can see the load's
+    qtbot.waitUntil(lambda: w.model_name == "Gemma 3 270m" and not w.busy, timeout=60_000)
     return w
 
 
 @pytest.mark.slow
-def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
+def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path, capfd):
     short = tmp_path / "short.txt"
     short.write_text(prose(40, seed=7))
     long = tmp_path / "long.txt"
@@ -50,6 +51,7 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     _drop(w, short)
     assert "short.txt" in w.doc_label.text()
     w.summarize()
+    assert w.chat.toPlainText().strip().endswith("kvtrim\nreading…")  # at once, no event yet
     qtbot.waitUntil(lambda: w.busy, timeout=5000)
     qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
     messages = w.store.messages(w.conversation.id)
@@ -85,6 +87,8 @@ def test_real_model_summary_stop_during_prefill_and_recovery(qtbot, tmp_path):
     assert stopped_s < 1.0
     assert w.error.text() == "Stopped."
     assert w.progress.value() < w.progress.maximum()
+    stopped = capfd.readouterr().err  # a stop is not an error (issue 22, finding 4)
+    assert "failed to decode" not in stopped and "graph_compute" not in stopped
 
     w.input.setPlainText("Who sold the kettle?")
     w.detach()

@@ -21,7 +21,7 @@ from ..errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
 from . import _ggml
 from .capture import AttentionCapture, Captured, Segment
 from .kvmemory import KV_TYPES, swa_cells
-from .model import Model
+from .model import Model, decoding
 
 SEQ = 0
 
@@ -210,7 +210,8 @@ class NativeContext:
             if self.capture is None:
                 raise EngineError("this context was made without attention capture")
             self.capture.arm(n // n_streams, segments, n_streams)
-        rc = llama_cpp.llama_decode(self._ctx.ctx, b)
+        with decoding(self.cancel_event):  # a cancel's abort is not logged as an error
+            rc = llama_cpp.llama_decode(self._ctx.ctx, b)
         got = self.capture.take() if segments and self.capture is not None else []
         if rc == 0:
             return got

@@ -8,7 +8,9 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +51,41 @@ _SWA_PATTERNS: dict[str, tuple[int, bool]] = {
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
 
+# What llama.cpp logs at ERROR when our abort callback stops a decode (a cancel):
+# ggml's GGML_STATUS_ABORTED is 1, and llama_decode returns 2 for "aborted".
+# A stop is not an error, so these lines are dropped while their decode's cancel
+# is set; any other status still reaches the log.
+_ABORT_LINES = re.compile(
+    r"graph_compute: ggml_backend_sched_graph_compute_async failed with error 1"
+    r"|process_ubatch: failed to compute graph, compute status: 1"
+    r"|llama_decode: failed to decode, ret = 2"
+)
+
+
 class _LlamaLog:
     """Routes llama.cpp's log lines into Python logging (``kvtrim.llama``)."""
 
     def __init__(self) -> None:
         self._level = logging.INFO
         self._buffer = ""
+        self._decoding = threading.local()  # .cancel: the running decode's cancel event
         self.c_callback = _ggml.make_log_callback(self._sink)
         llama_cpp.llama_log_set(self.c_callback, None)
+
+    @contextlib.contextmanager
+    def decoding(self, cancel: threading.Event) -> Iterator[None]:
+        """Around a ``llama_decode`` on this thread: once ``cancel`` is set, the
+        lines llama.cpp logs for the abort it causes are not errors."""
+        outer = getattr(self._decoding, "cancel", None)
+        self._decoding.cancel = cancel
+        try:
+            yield
+        finally:
+            self._decoding.cancel = outer
+
+    def _cancelling(self) -> bool:
+        cancel = getattr(self._decoding, "cancel", None)
+        return cancel is not None and cancel.is_set()
 
     def _sink(self, level: int, text: str) -> None:
         if level != 5:  # 5 continues the previous line
@@ -64,11 +93,14 @@ class _LlamaLog:
         self._buffer += text
         if self._buffer.endswith("\n"):
             line, self._buffer = self._buffer.rstrip("\n"), ""
+            if _ABORT_LINES.fullmatch(line.strip()) and self._cancelling():
+                return
             if log.isEnabledFor(self._level):
                 log.log(self._level, "%s", line)
 
 
 _llama_log = _LlamaLog()
+decoding = _llama_log.decoding
 
 
 BUNDLED_MODEL = "models/gemma-3-270m-q4_k_m.gguf"  # inside a PyInstaller bundle
