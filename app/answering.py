@@ -44,6 +44,8 @@ class Window(Protocol):
     documents: list[Any]
     busy: bool
 
+    status: Any  # status.Status
+
     @property
     def error(self) -> Any: ...  # a QLabel
 
@@ -193,6 +195,7 @@ class Answering:
         w.error.clear()
         w.graphs.start()
         w.render()  # the stage shows now, before the worker has the job
+        w.worker.worker.arm()
         w.worker.requests.run.emit(
             Job(
                 kind,
@@ -205,6 +208,10 @@ class Answering:
                 fresh=replace is not None,
             )
         )
+
+    def session_key(self) -> tuple[Any, ...]:
+        """The session settings the next message would run with."""
+        return self._spec(fresh=False).session_key()
 
     def _spec(self, *, fresh: bool) -> RequestSpec:
         """The request's options: the settings, sampling afresh for a regeneration."""
@@ -252,6 +259,8 @@ class Answering:
         elif isinstance(event, Done):
             text = f"{self.prefix} {event.text.strip()}".strip()
             meta = meta_line(event.stats, event.reason)
+            if self.conversation is not None:
+                self.w.status.caches.answered(self.conversation, self.session_key(), event.stats)
             if self.replacing is not None:
                 self.w.store.update_message(self.replacing, text, meta)
             elif self.conversation is not None:

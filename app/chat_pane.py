@@ -66,6 +66,26 @@ class ErrorLine(QLabel):
         self.setText("")
 
 
+class SwitchNote(QWidget):
+    """A settings change that re-reads the chat, said before it does, with a button
+    that keeps the settings its cache was made with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.keep_button = QPushButton("Keep the old settings")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.text, 1)
+        layout.addWidget(self.keep_button)
+        self.setVisible(False)
+
+    def show_note(self, text: str | None) -> None:
+        self.text.setText(text or "")
+        self.setVisible(bool(text))
+
+
 def _small(text: str, tip: str) -> QToolButton:
     """A compact text button (a QPushButton is never narrower than 80 pixels)."""
     button = QToolButton()
@@ -86,6 +106,7 @@ class ChatPane(QWidget):
         self.chat = ChatView(messages)
         self.progress = ReadingBar()
         self.error = ErrorLine()
+        self.switch_note = SwitchNote()
         self.regenerate_button = _small(
             "Regenerate", "Answer the last question again, with sampling"
         )
@@ -105,6 +126,7 @@ class ChatPane(QWidget):
         layout.addWidget(self.chat, 1)
         layout.addWidget(self.progress)
         layout.addWidget(self.error)
+        layout.addWidget(self.switch_note)
         layout.addLayout(_row(None, self.regenerate_button, self.copy_button))
         layout.addWidget(self.input)
         layout.addLayout(

@@ -21,9 +21,12 @@ def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
 
     app = QApplication.instance() or QApplication([sys.argv[0], *argv])
     app.setApplicationName("kvtrim")
+    from engine.runtime.states import StateStore
+
     settings_path, history_path = default_paths()
     store, problem = open_store(history_path)
-    window = MainWindow(WorkerThread(), store, load(settings_path), settings_path)
+    states = None if problem else StateStore(history_path.parent / "states")
+    window = MainWindow(WorkerThread(states=states), store, load(settings_path), settings_path)
     notes = [problem] if problem else []
     if crash is not None:
         notes.append(crash.message()[:1].upper() + crash.message()[1:] + ".")

@@ -15,9 +15,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication, QShowEvent
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QComboBox,
@@ -35,10 +36,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.native.finder import FoundModel, find_models, format_size
+from engine.native.finder import FoundModel, find_models
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import H2O, POLICIES
 
+from .found_models import FoundModels
 from .settings import MAX_TEMPERATURE, MIN_BUDGET, Settings
 
 PARAMS = {
@@ -187,9 +189,9 @@ class SettingsPanel(QWidget):
     ) -> None:
         super().__init__(parent)
         self.settings = settings
-        self._find = find
-        self.found: list[FoundModel] = []
-        self._scanned = False  # the first look happens when the panel is first shown
+        self.models = FoundModels(find)  # the first look: when the panel is first shown
+        self.found_models = self.models.combo
+        self.refresh_models_button = self.models.refresh_button
         self.numbers: dict[str, QAbstractSpinBox] = {}  # NUMBERS' boxes by settings field
         outer = QVBoxLayout(self)
         for title, build in (
@@ -217,17 +219,12 @@ class SettingsPanel(QWidget):
         choose.clicked.connect(self._choose_model)
         default.clicked.connect(lambda: self.model_path.setText(""))
         form.addRow(_row(choose, default))
-        self.found_models = _combo()
-        self.found_models.activated.connect(self._choose_found)
-        self.refresh_models_button = QPushButton("Refresh")
-        self.refresh_models_button.setToolTip("Look again for downloaded models")
-        self.refresh_models_button.clicked.connect(self.refresh_models)
-        found_row = _row(self.found_models, self.refresh_models_button)
+        self.models.chosen.connect(self._choose_found)
         form.addRow(
             "On this computer",
-            _explained(found_row, "GGUF models LM Studio, Ollama and Hugging Face downloaded."),
+            _explained(self.models, "GGUF models LM Studio, Ollama and Hugging Face downloaded."),
         )
-        self._show_found()
+        self.models.select(self.settings.model_path)
         self.gpu_layers = QSpinBox()
         self.gpu_layers.setRange(0, 999)
         self.gpu_layers.setValue(self.settings.gpu_layers)
@@ -242,7 +239,7 @@ class SettingsPanel(QWidget):
         self.reload_button.setEnabled(False)
         self.reload_button.clicked.connect(self._reload)
         form.addRow(self.reload_button)
-        self.model_path.textChanged.connect(self._select_found)
+        self.model_path.textChanged.connect(self.models.select)
         for signal in (
             self.model_path.textChanged,
             self.gpu_layers.valueChanged,
@@ -337,59 +334,43 @@ class SettingsPanel(QWidget):
     def set_policy(self, name: str) -> None:
         self.policy.setCurrentIndex(self.policy.findData(name))
 
+    def request_settings(self) -> dict[str, Any]:
+        """The settings a chat's cache depends on (to put back with
+        ``restore_request_settings``)."""
+        s = self.settings
+        params = {k: dict(v) for k, v in s.policy_params.items()}
+        return {"policy": s.policy, "kv_type": s.kv_type, "budget_tokens": s.budget_tokens,
+                "policy_params": params}  # fmt: skip
+
+    def restore_request_settings(self, kept: dict[str, Any]) -> None:
+        """Put back what ``request_settings`` returned, in the settings and the boxes."""
+        s = self.settings
+        s.policy, s.kv_type = kept["policy"], kept["kv_type"]
+        s.budget_tokens = kept["budget_tokens"]
+        s.policy_params = {k: dict(v) for k, v in kept["policy_params"].items()}
+        for widget in (self.policy, self.kv_type, self.budget):
+            widget.blockSignals(True)
+        self.set_policy(s.policy)
+        self.kv_type.setCurrentIndex(self.kv_type.findData(s.kv_type))
+        self.budget.setValue(s.budget_tokens)  # type: ignore[attr-defined]
+        for widget in (self.policy, self.kv_type, self.budget):
+            widget.blockSignals(False)
+        self._show_policy()
+
     # -- models found on this computer -------------------------------------
 
     def showEvent(self, event: QShowEvent) -> None:
         """The first time the panel opens, look for downloaded models."""
         super().showEvent(event)
-        if not self._scanned:
-            self.refresh_models()
+        if not self.models.scanned:
+            self.models.refresh()
 
     def refresh_models(self) -> None:
-        """Look again (bounded file-system work: at most a few seconds on a slow disk)."""
-        self._scanned = True
-        QGuiApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
-        try:
-            self.found = self._find()
-        finally:
-            QGuiApplication.restoreOverrideCursor()
-        self._show_found()
+        self.models.refresh()
 
-    def _show_found(self) -> None:
-        combo = self.found_models
-        combo.blockSignals(True)
-        combo.clear()
-        if not self._scanned:
-            combo.addItem("Not looked yet", None)
-        elif not self.found:
-            combo.addItem("None found", None)
-            combo.setItemData(
-                0,
-                "No GGUF model from LM Studio, Ollama or Hugging Face",
-                Qt.ItemDataRole.ToolTipRole,
-            )
-        else:
-            n = len(self.found)
-            combo.addItem(f"Choose one of {n} model{'s' if n > 1 else ''}…", None)
-        for m in self.found:
-            combo.addItem(f"{m.name} · {m.source} · {format_size(m.size_bytes)}", str(m.path))
-            combo.setItemData(combo.count() - 1, str(m.path), Qt.ItemDataRole.ToolTipRole)
-        combo.blockSignals(False)
-        self._select_found()
-
-    def _select_found(self) -> None:
-        """Show the loaded model in the list when it is one of those found."""
-        index = self.found_models.findData(self.model_path.text()) if self.found else -1
-        self.found_models.blockSignals(True)
-        self.found_models.setCurrentIndex(max(0, index))
-        self.found_models.blockSignals(False)
-
-    def _choose_found(self, index: int) -> None:
+    def _choose_found(self, path: str) -> None:
         """A found model chosen: it becomes the model path and loads at once."""
-        path = self.found_models.itemData(index)
-        if not path:
-            return
-        self.model_path.setText(str(path))
+        self.model_path.setText(path)
         if self.reload_button.isEnabled():
             self._reload()
 

@@ -19,12 +19,11 @@ from PySide6.QtGui import (
     QKeySequence,
     QShortcut,
 )
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QSplitter
+from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter
 
 from engine import DocumentError
 from engine.documents.load import load_document
 from engine.native.monitor import MemoryMonitor
-from engine.policies import label as policy_label
 from engine.session.trace import MemoryMap
 
 from . import dialogs
@@ -35,6 +34,7 @@ from .documents import Attached, joined, title_for
 from .menus import build_menus
 from .settings import Settings, save
 from .sidebar import Sidebar
+from .status import Status
 from .store import Conversation, Message, Store
 from .tabs import SideTabs
 from .theme import apply_theme
@@ -62,8 +62,6 @@ class MainWindow(QMainWindow):
         self.monitor = MemoryMonitor()
         self.documents: list[Attached] = []  # the chat's documents, read
         self.busy = False
-        self.model_name = "loading model…"
-        self.cpu_note = ""
         self.conversation: Conversation | None = None  # None: a new chat, not saved yet
         self.answering = a = Answering(self)
         self.send, self.summarize, self.regenerate = a.send, a.summarize, a.regenerate
@@ -111,7 +109,8 @@ class MainWindow(QMainWindow):
             self.split.addWidget(w)
             self.split.setStretchFactor(self.split.count() - 1, stretch)
         self.setCentralWidget(self.split)
-        self.status_line = QLabel()  # model, policy, budget; hidden by a passing message
+        self.status = Status(self)
+        self.status_line = self.status.label
         self.statusBar().addWidget(self.status_line, 1)
         self.menu_actions = build_menus(
             self, new_chat=self.new_chat, attach=self._pick_files, export=self._export
@@ -119,8 +118,8 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         r, a, p = self.worker.results, self.answering, self.pane
-        r.model_loaded.connect(lambda name: self._update_status(model=name))
-        r.cpu_path.connect(lambda text: self._update_status(cpu=text))
+        r.model_loaded.connect(lambda name: self.status.update(model=name))
+        r.cpu_path.connect(lambda text: self.status.update(cpu=text))
         r.notice.connect(lambda text: self.statusBar().showMessage(text, 15_000))
         r.notice.connect(self.error.setText)
         r.event.connect(a.on_event)
@@ -128,6 +127,8 @@ class MainWindow(QMainWindow):
         r.failed.connect(a.on_failed)
         r.cancelled.connect(a.on_cancelled)
         r.busy.connect(self._on_busy)
+        r.saved.connect(self.status.saved)
+        self.pane.switch_note.keep_button.clicked.connect(self._keep_settings)
         for button, slot in (
             (p.send_button, self.send),
             (p.summarize_button, self.summarize),
@@ -209,7 +210,8 @@ class MainWindow(QMainWindow):
             return
         self.store.delete(self.conversation.id)
         self.tabs.forget(self.conversation.id)
-        self.worker.requests.forget.emit()
+        self.worker.requests.delete_chat.emit(self.conversation.id)
+        self.status.caches.forget(self.conversation.id)
         rest = self.store.conversations()
         self._select_conversation_id(rest[0].id if rest else None)
 
@@ -231,6 +233,9 @@ class MainWindow(QMainWindow):
                     self.error.setText(f"{doc.name} could not be opened again: {self.error.text()}")
         self._show_documents()
         self._refresh_conversations()
+        if self.conversation is not None:
+            self.worker.requests.report_saved.emit(self.conversation.id)
+        self.status.chat_shown()
 
     # -- dialogs ------------------------------------------------------------
 
@@ -255,9 +260,13 @@ class MainWindow(QMainWindow):
     # -- settings and the worker's results ------------------------------------
 
     def _settings_changed(self) -> None:
+        self.status.settings_changed()
         self._save_settings()
         self.apply_theme()
-        self._update_status()
+
+    def _keep_settings(self) -> None:
+        self.status.keep_settings()
+        self._save_settings()
 
     def _save_settings(self) -> None:
         if self.settings_path is not None:
@@ -267,7 +276,7 @@ class MainWindow(QMainWindow):
                 self.error.setText(f"Settings are not saved: {self.settings_path}: {exc}")
 
     def _reload_model(self, path: str | None, layers: int, threads: int | None) -> None:
-        self._update_status(model="loading model…")
+        self.status.update(model="loading model…")
         self.worker.requests.load_model.emit(path, layers, threads)
 
     def _tick(self) -> None:
@@ -289,17 +298,12 @@ class MainWindow(QMainWindow):
 
     # -- view -------------------------------------------------------------
 
-    def _update_status(self, *, model: str | None = None, cpu: str | None = None) -> None:
-        """The status line: model (``model`` when one loaded), policy, budget, CPU path."""
-        self.model_name = self.model_name if model is None else model
-        self.cpu_note = self.cpu_note if cpu is None else cpu
-        label = policy_label(self.panel.policy_name())
-        kv_type = self.panel.kv_type_name()
-        kv = f" · KV {kv_type}" if kv_type != "f16" else ""
-        note = f" · {self.cpu_note}" if self.cpu_note else ""
-        self.status_line.setText(
-            f"{self.model_name} · {label} · budget {self.settings.budget_tokens:,} tokens{kv}{note}"
-        )
+    @property
+    def model_name(self) -> str:
+        return self.status.model_name
+
+    def shown_chat(self) -> int | None:
+        return self.conversation.id if self.conversation else None
 
     def _show_documents(self) -> None:
         chars = sum(len(d.text) for d in self.documents)

@@ -8,18 +8,24 @@ llama.cpp's abort callback and the token loop read.
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from engine import Cancelled, Done, Engine, KvtrimError, Session, Token
+from engine import Cancelled, Done, Engine, KvtrimError, Restored, Session, StateError, Token
 from engine.runtime.chat import turn_events
 from engine.runtime.spec import RequestSpec
+from engine.runtime.states import StateStore
+from engine.session.state import SavedState
 from engine.stats import Event
+
+from .resume import POST, PRE, ChatStates, restore
 
 MAP_EVERY_S = 0.5  # memory maps while a job runs: twice a second, and at the end
 
@@ -76,9 +82,18 @@ class EngineWorker(QObject):
     failed = Signal(str)  # a one-line message for the user
     cancelled = Signal()
     busy = Signal(bool)
+    saved = Signal(int, int)  # a chat's id, the bytes of its saved caches on disk
 
-    def __init__(self, factory: EngineFactory | None = None) -> None:
+    def __init__(
+        self, factory: EngineFactory | None = None, states: StateStore | None = None
+    ) -> None:
+        """``states``: where chats' caches are saved (None: not saved, every restart
+        reads the document again)."""
         super().__init__()
+        self._states = ChatStates(states) if states is not None else None
+        self._pre: SavedState | None = None  # the running answer's start (for Regenerate)
+        self._pre_stops: tuple[str, ...] = ()  # the stop strings of a restarted answer
+        self._stop = threading.Event()  # Stop pressed since the running job was sent
         self._factory: EngineFactory = factory or (
             lambda path, layers, threads: Engine(path, n_gpu_layers=layers, n_threads=threads)
         )
@@ -132,12 +147,17 @@ class EngineWorker(QObject):
             return
         self.busy.emit(True)
         ok = answered = False
+        done_text = ""
         try:
             session, events = self._start(job)
             self._session = session
+            if self._stop.is_set():  # Stop came before the session was open
+                session.cancel()
             last_map = 0.0
             for item in events:
                 self.event.emit(item)
+                if isinstance(item, Done):
+                    done_text = item.text
                 ok = ok or isinstance(item, Done)
                 answered = answered or isinstance(item, Token)
                 now = time.monotonic()
@@ -156,6 +176,7 @@ class EngineWorker(QObject):
         finally:
             if ok and self._session is not None:
                 self._chat = _Chat(job.key(), self._session, len(job.history) + 1)
+                self._save(job, self._session, done_text)
             elif self._chat is None or self._chat.session is not self._session:
                 # a fresh session that did not finish is closed at once
                 if self._session is not None:
@@ -164,11 +185,13 @@ class EngineWorker(QObject):
                 self._drop_chat()  # a cancelled follow-up leaves a half-written answer
             # else: stopped before its answer began, the session rolled the turn back
             self._session = None
+            self._stop.clear()  # a Stop belongs to the job it came for
             self.busy.emit(False)
 
     def _start(self, job: Job) -> tuple[Session, Iterator[Event]]:
         """The chat's session when this job continues it (same settings, same turns),
-        else a fresh one; ``turn_events`` decides follow-up or first read."""
+        else its saved cache (``resume.py``), else a fresh read; ``turn_events``
+        decides follow-up or first read."""
         spec = job.spec
         chat = self._chat
         continues = (
@@ -178,12 +201,22 @@ class EngineWorker(QObject):
             and chat.key == job.key()
             and chat.turns == len(job.history)
         )
+        restored: list[Event] = []
         if continues:
             assert chat is not None
             session = chat.session
         else:
             self._drop_chat()
             session = spec.open(self._engine)
+            resumed = self._resume(job, session)
+            if resumed is not None:
+                restored.append(resumed)
+                if job.fresh:  # Regenerate: the answer starts again where it began
+                    stops = tuple(self._pre_stops)
+                    gen = session.generate(
+                        max_tokens=spec.max_tokens, sampling=spec.sampling, stops=stops
+                    )
+                    return self._watched(session), chain(restored, gen)
         _, events = turn_events(
             session,
             job.transcript() if job.kind == "ask" else job.document,
@@ -193,7 +226,66 @@ class EngineWorker(QObject):
             max_tokens=spec.max_tokens,
             sampling=spec.sampling,
         )
-        return session, events
+        return self._watched(session), chain(restored, events)
+
+    def _resume(self, job: Job, session: Session) -> Event | None:
+        """The chat's saved cache in ``session``: the state before the replaced answer
+        for a Regenerate, after the last answer for a question; None when there is
+        none to try or it cannot be used (the reason is a notice; a re-read follows)."""
+        if self._states is None or not hasattr(session, "restore"):
+            return None
+        if job.kind != "ask" and not job.fresh:
+            return None  # Summarize reads the document as it is attached now
+        kind = PRE if job.fresh else POST
+        states, loaded = self._states, []
+
+        def load() -> SavedState:
+            loaded.append(states.load(job, kind, job.history))
+            return loaded[-1]
+
+        event = restore(session, load)
+        if isinstance(event, Restored) and event.reason:
+            if "no saved cache" not in event.reason:
+                self.notice.emit(f"Reading the document again: its saved cache {event.reason}.")
+            return None
+        self._pre_stops = tuple(loaded[0].extra.get("stops", ())) if job.fresh else ()
+        return event
+
+    def _watched(self, session: Session) -> Session:
+        """``session`` with the worker's hook at the start of each answer: the cache
+        is kept in RAM there (the ``pre`` state a Regenerate restarts from)."""
+        reader = getattr(session, "reader", None)
+        if reader is not None and self._states is not None:
+            self._pre = None
+
+            def checkpoint(name: str) -> None:
+                if name == "answer":
+                    stops = list(getattr(reader, "answer_stops", ()))
+                    self._pre = session.snapshot({"stops": stops})
+
+            reader.checkpoint = checkpoint
+        return session
+
+    def _save(self, job: Job, session: Session, answer: str) -> None:
+        """After an answer: the live cache is saved and takes the saved layout (a chat
+        resumed later answers exactly as this one would), and the answer's start."""
+        states, pre = self._states, self._pre
+        self._pre = None
+        if states is None or not hasattr(session, "snapshot"):
+            return
+        turns = (*job.history, (job.question, job.spec.answer(answer)))
+        try:
+            post = session.snapshot()
+            session.restore(post)
+            size = states.save(job, POST, post, turns)
+            if pre is not None:
+                size += states.save(job, PRE, pre, job.history)
+        except StateError as exc:  # saving is a convenience: the chat goes on
+            self.notice.emit(f"This chat's cache was not saved: {exc}")
+            if not getattr(session, "can_follow_up", False):
+                self._drop_chat()
+            return
+        self.saved.emit(job.conversation, size)
 
     def _send_map(self, session: Any) -> None:
         """What the cache holds, computed here where the session lives."""
@@ -211,11 +303,31 @@ class EngineWorker(QObject):
         """Free the live chat session (the conversation changed or was deleted)."""
         self._drop_chat()
 
+    def arm(self) -> None:
+        """Thread-safe, called as a job is sent: a Stop from now on stops that job,
+        even one pressed before the worker has opened its session."""
+        self._stop.clear()
+
     def cancel(self) -> None:
-        """Thread-safe: stop the running job soon."""
+        """Thread-safe: stop the running job soon (or the one sent, as it starts)."""
+        self._stop.set()
         session = self._session
         if session is not None:
             session.cancel()
+
+    @Slot(int)
+    def delete_chat(self, conversation: int) -> None:
+        """The chat was deleted: its saved caches go with it (here, after any write)."""
+        if self._chat is not None and self._chat.key[0] == conversation:
+            self._drop_chat()
+        if self._states is not None:
+            self._states.delete(conversation)
+
+    @Slot(int)
+    def report_saved(self, conversation: int) -> None:
+        """Say how much disk a chat's saved caches take (``saved``)."""
+        if self._states is not None:
+            self.saved.emit(conversation, self._states.disk_bytes(conversation))
 
     @Slot()
     def shutdown(self) -> None:
@@ -231,6 +343,8 @@ class _Requests(QObject):
     load_model = Signal(object, int, object)
     run = Signal(object)
     forget = Signal()
+    delete_chat = Signal(int)
+    report_saved = Signal(int)
     shutdown = Signal()
 
 
@@ -246,21 +360,26 @@ class _Relay(QObject):
     failed = Signal(str)
     cancelled = Signal()
     busy = Signal(bool)
+    saved = Signal(int, int)
 
 
 class WorkerThread:
     """Starts an ``EngineWorker`` in its own QThread; ``requests`` reach it queued
     and its results come back queued through ``results``."""
 
-    def __init__(self, factory: EngineFactory | None = None) -> None:
+    def __init__(
+        self, factory: EngineFactory | None = None, states: StateStore | None = None
+    ) -> None:
         self.thread = QThread()
         self.thread.setObjectName("kvtrim-engine")
-        self.worker = EngineWorker(factory)
+        self.worker = EngineWorker(factory, states)
         self.worker.moveToThread(self.thread)
         self.requests = _Requests()
         self.requests.load_model.connect(self.worker.load_model)
         self.requests.run.connect(self.worker.run)
         self.requests.forget.connect(self.worker.forget)
+        self.requests.delete_chat.connect(self.worker.delete_chat)
+        self.requests.report_saved.connect(self.worker.report_saved)
         self.requests.shutdown.connect(self.worker.shutdown)
         self.results = _Relay()
         names = (
@@ -272,6 +391,7 @@ class WorkerThread:
             "failed",
             "cancelled",
             "busy",
+            "saved",
         )
         for name in names:
             getattr(self.worker, name).connect(getattr(self.results, name))

@@ -14,6 +14,7 @@ from .errors import (
     KvtrimError,
     ModelError,
     OutOfMemoryError,
+    StateError,
     TemplateError,
 )
 from .native.model import Model, ModelInfo, default_model_path
@@ -22,7 +23,7 @@ from .runtime.engine import Engine
 from .session.core import Session, SessionConfig
 from .session.prompts import Prompt, ask_prompt, chat_prompt, summary_prompt
 from .session.sampling import Sampling
-from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Result, Token
+from .stats import Done, Event, Evicted, KVStats, Progress, Recalled, Restored, Result, Token
 
 __all__ = [
     "H2O",
@@ -48,11 +49,13 @@ __all__ = [
     "Progress",
     "Prompt",
     "Recalled",
+    "Restored",
     "Result",
     "Sampling",
     "Session",
     "SessionConfig",
     "SnapKV",
+    "StateError",
     "StreamingLLM",
     "TemplateError",
     "Token",

@@ -137,6 +137,19 @@ class Recalled:
 
 
 @dataclass(frozen=True)
+class Restored:
+    """A saved cache came back instead of a read (session/state.py): ``tokens`` held
+    of ``seen`` read when it was saved, in ``seconds``; or, with ``reason``, it could
+    not be used and the text is read again."""
+
+    tokens: int
+    seen: int
+    seconds: float
+    stats: KVStats
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Token:
     """One generated token and the text it completed (may be empty mid-character)."""
 
@@ -155,7 +168,7 @@ class Done:
     stats: KVStats
 
 
-Event = Progress | Evicted | Recalled | Token | Done
+Event = Progress | Evicted | Recalled | Restored | Token | Done
 
 
 @dataclass

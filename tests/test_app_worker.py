@@ -40,7 +40,6 @@ class FakeSession:
         self.closed = True
 
     def _answer(self):
-        self.stop.clear()
         for i in range(self.steps):
             if self.stop.is_set():
                 raise Cancelled("cancelled")
@@ -51,16 +50,19 @@ class FakeSession:
         yield Done("forty-two", "stop", _stats())
 
     def ask(self, document, question, **gen):
+        self.stop.clear()  # as Session.run: a cancel is cleared as the run starts
         self.calls.append(("ask", document + "|" + question))
         self.gen.append(gen)
         return self._answer()
 
     def summarize(self, document, **gen):
+        self.stop.clear()
         self.calls.append(("summarize", document))
         self.gen.append(gen)
         return self._answer()
 
     def follow_up(self, question, **gen):
+        self.stop.clear()
         self.calls.append(("follow_up", question))
         self.gen.append(gen)
         return self._answer()
@@ -152,6 +154,24 @@ def test_cancel_stops_a_running_job(qtbot, worker_thread):
     with qtbot.waitSignal(wt.results.cancelled, timeout=5000):
         wt.worker.cancel()
     assert time.perf_counter() - start < 1.0
+
+
+def test_a_stop_right_after_send_stops_the_job(qtbot, worker_thread):
+    """Stop pressed before the worker opened the job's session (it is still loading,
+    or the job is queued) was lost; now it stops the job as it starts."""
+    wt = worker_thread(lambda path, layers, threads: FakeEngine(steps=500, delay=0.01))
+    with qtbot.waitSignal(wt.results.model_loaded, timeout=5000):
+        wt.requests.load_model.emit(None, 0, None)
+    events = []
+    wt.results.event.connect(events.append)
+    wt.worker.arm()
+    with qtbot.waitSignal(wt.results.cancelled, timeout=5000):
+        wt.requests.run.emit(JOB)
+        wt.worker.cancel()  # before the worker thread took the job
+    assert not any(isinstance(e, Done) for e in events)
+    with qtbot.waitSignal(wt.results.event, timeout=5000):  # the next job runs
+        wt.worker.arm()
+        wt.requests.run.emit(JOB)
 
 
 def test_a_bad_model_is_a_message_and_the_worker_recovers(qtbot, worker_thread):

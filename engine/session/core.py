@@ -53,6 +53,14 @@ __all__ = [
 Sources = Sequence[tuple[str, str | None, Sequence[int]]]
 
 
+def collect(events: Iterator[Event], model: str = "") -> Result:
+    """Run ``events`` to the end and return the answer with its figures."""
+    for count, event in enumerate(events, start=1):
+        if isinstance(event, Done):
+            return Result(event.text, event.reason, event.stats, model, count)
+    raise Cancelled("the run ended without an answer")
+
+
 class Session:
     """One sequence in a bounded cache, evicted by ``policy``.
 
@@ -278,6 +286,8 @@ class Session:
                 self.turns.document = (r.trace.n_ids, list(tokens))
             r.trace.add(name, text, tokens)
         yield from r.feed(head, observe=tail, logits=False)
+        if r.checkpoint is not None:  # the text is in, the question not yet
+            r.checkpoint("read")
         yield from r.feed(tail, logits=True)
         yield from self.generate(
             max_tokens=max_tokens, sampling=sampling or Sampling(), stops=tuple(stops)
@@ -346,13 +356,7 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @staticmethod
-    def collect(events: Iterator[Event], model: str = "") -> Result:
-        """Run ``events`` to the end and return the answer with its figures."""
-        for count, event in enumerate(events, start=1):
-            if isinstance(event, Done):
-                return Result(event.text, event.reason, event.stats, model, count)
-        raise Cancelled("the run ended without an answer")
+    collect = staticmethod(collect)
 
 
 def _check(model: Model, policy: Policy, config: SessionConfig) -> None:

@@ -26,6 +26,7 @@ def generate(
     ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard)."""
     if reader.logits is None:
         raise ConfigError("nothing to continue from: feed a prompt first")
+    reader.answering(stops)
     reader.reserve(max_tokens)
     sample, looping, matcher = Sampler(sampling), LoopGuard(), StopMatcher(stops)
     stop_tags = set(stops)

@@ -8,7 +8,7 @@ window, and they are removed again. Sizes in tokens (= KV cells), times in secon
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class Reader:
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
         self.t0 = time.perf_counter()  # the request's start (for the first token's time)
+        self.checkpoint: Callable[[str], None] | None = None
+        """Called at "read" (a prompt's text is in, before its question) and "answer"
+        (before the first token of an answer): where a caller may save the cache."""
+        self.answer_stops: tuple[str, ...] = ()  # the stop strings of the latest answer
 
     def reset(self) -> None:
         """Empty the cache and forget what the policy observed."""
@@ -64,6 +68,12 @@ class Reader:
         self.stats = self._new_stats()
         self.trace = self._new_trace()
         self.logits = None
+
+    def answering(self, stops: tuple[str, ...]) -> None:
+        """An answer begins (with ``stops``): the "answer" checkpoint."""
+        self.answer_stops = stops
+        if self.checkpoint is not None:
+            self.checkpoint("answer")
 
     @property
     def question_aware(self) -> bool:
@@ -91,7 +101,7 @@ class Reader:
         limit, target = self.sizing.limits(reserve)
         fits = self.cache.n_used + total <= limit
         if self.policy.evicts and limit - target < 1 and not fits:
-            raise ConfigError(self._no_room(reserve))
+            raise ConfigError(_no_room(reserve, self.max_position, self.sizing.budget))
         self.reserve(total if fits else total + reserve)
         self.sizing.reading(reserve)
         start, base = time.perf_counter(), self.stats.prefill_s
@@ -120,18 +130,6 @@ class Reader:
                 yield Progress(done, total, self.stats)
         finally:
             self.stats.prefill_s = base + time.perf_counter() - start
-
-    def _no_room(self, reserve: int) -> str:
-        """Why a ``reserve``-token question leaves no room to read."""
-        if reserve >= self.max_position:  # no budget or chunk can help
-            return (
-                f"the question is {reserve:,} tokens, more than the model's trained context "
-                f"({self.max_position:,} tokens) holds; shorten it"
-            )
-        return (
-            f"budget {self.sizing.budget} leaves no room for a {reserve}-token question; "
-            "use a smaller budget or a larger chunk"
-        )
 
     def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
         """Append ``tokens`` (evicting as needed) and yield, block by block, the logits
@@ -318,3 +316,16 @@ class Reader:
         s.n_ctx = self.ctx.n_ctx
         s.swa_cells = self.ctx.swa_cells
         self.sizing.report(s)
+
+
+def _no_room(reserve: int, max_position: int, budget: int) -> str:
+    """Why a ``reserve``-token question leaves no room to read."""
+    if reserve >= max_position:  # no budget or chunk can help
+        return (
+            f"the question is {reserve:,} tokens, more than the model's trained context "
+            f"({max_position:,} tokens) holds; shorten it"
+        )
+    return (
+        f"budget {budget} leaves no room for a {reserve}-token question; "
+        "use a smaller budget or a larger chunk"
+    )
