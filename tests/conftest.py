@@ -18,6 +18,9 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # crash logs of app.main runs go to a scratch folder, not the user's
 os.environ.setdefault("KVTRIM_CRASH_DIR", tempfile.mkdtemp(prefix="kvtrim-crashes-"))
+# saved caches (kvtrim chat's conversations, kvtrim ask's documents): none unless a
+# test names a folder, so no test resumes what another left
+os.environ["KVTRIM_STATES"] = ""
 
 from engine import Engine
 

@@ -295,3 +295,28 @@ def test_input_that_is_not_utf8_comes_out_as_replacement_characters(tmp_path):
     rows = [json.loads(line) for line in out.splitlines()]
     assert rows[0]["question"] == "What is the key?\ufffd\ufffd"
     assert "\ufffd" in rows[1]["error"] or "\ufffd" in out
+
+
+@pytest.mark.slow
+def test_a_second_run_resumes_the_conversation_from_its_saved_cache(tmp_path, monkeypatch):
+    """Issue 22: ``kvtrim chat FILE --script`` twice on the same file and settings: the
+    second run's lines say ``resumed: true`` and its first turn reads nothing; other
+    settings (or --new) do not resume, and say why."""
+    monkeypatch.setenv("KVTRIM_STATES", str(tmp_path / "states"))
+    doc = tmp_path / "doc.txt"
+    doc.write_text(prose(60, seed=5) + " The pass key is 51723. " + prose(60, seed=6))
+    first = ['{"question": "What is the pass key?", "answer_prefix": "The pass key is"}']
+    code, rows, err = _chat([str(doc), *FAST, "--max-tokens", "8"], "\n".join(first))
+    assert code == 0, err
+    assert rows[0]["resumed"] is False and rows[0]["reads_document"]
+    assert "resume_note" not in rows[0]  # nothing was saved before: nothing to say
+    second = ['{"question": "Who repaired the bicycle?"}']
+    code, rows, err = _chat([str(doc), *FAST, "--max-tokens", "8"], "\n".join(second))
+    assert code == 0, err
+    assert rows[0]["resumed"] is True and not rows[0]["reads_document"]
+    assert rows[0]["turn"] == 2  # it continues the saved conversation's numbering
+    code, rows, err = _chat([str(doc), *FAST, "--max-tokens", "8", "--policy", "h2o"], second[0])
+    assert rows[0]["resumed"] is False and "another policy" in rows[0]["resume_note"]
+    assert rows[0]["reads_document"]
+    code, rows, err = _chat([str(doc), *FAST, "--max-tokens", "8", "--new"], second[0])
+    assert rows[0]["resumed"] is False and rows[0]["reads_document"]

@@ -36,8 +36,9 @@ from ..errors import (
     OutOfMemoryError,
     shown,
 )
-from ..runtime.chat import Chat, Turn, record, status_line
+from ..runtime.chat import Chat, SavedChat, Turn, record, status_line
 from ..runtime.spec import RequestSpec
+from ..runtime.states import default_store
 from ..stats import Event, Progress, Token
 from . import types
 from .options import engine_from_args
@@ -65,6 +66,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE.jsonl",
         help='turns as JSON lines: {"question": "...", "answer_prefix": "..."} or '
         '{"summarize": true}; one JSON object per turn is printed',
+    )
+    p.add_argument(
+        "--new",
+        action="store_true",
+        help="start a new conversation (by default the last one about the same file "
+        "resumes from its saved cache, when the model and settings are the same)",
     )
     p.add_argument(
         "--recall-tokens",
@@ -147,7 +154,10 @@ def run_script(chat: Chat, lines: Iterable[str], out: TextIO) -> int:
             emit({"line": number, "turn": chat.started, "error": str(exc)})
             failed = True
             continue
-        emit({**record(turn), "line": number})
+        resumed = {"resumed": chat.resumed}
+        if chat.resume_note and len(chat.history) == 1:
+            resumed["resume_note"] = chat.resume_note  # type: ignore[assignment]
+        emit({**record(turn), **resumed, "line": number})
         if turn.reason == "cancelled":  # Ctrl+C: the rest of the script is not run
             raise Cancelled("cancelled")
     return 1 if failed else 0
@@ -266,6 +276,19 @@ def interactive(chat: Chat, read_line: Callable[[str], str], out: TextIO, err: T
             err.write(f"kvtrim: error: {shown(exc)}\n")
 
 
+def _resumed_line(chat: Chat) -> str:
+    """What a terminal chat says of the saved conversation about this file."""
+    if chat.resumed:
+        n = len(chat.earlier)
+        return (
+            f"resumed the conversation of {n} turn{'s' * (n != 1)} about this file from its "
+            f"saved cache ({chat.resume_s:.1f} s; --new starts over)"
+        )
+    if not chat.resume_note:
+        return ""
+    return f"not resumed: the saved conversation's cache {chat.resume_note}; reading again"
+
+
 def history_file() -> Path | None:
     """Where readline history is kept: ``$KVTRIM_CHAT_HISTORY`` (empty: nowhere),
     else ``chat_history`` in the user data folder."""
@@ -350,6 +373,7 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
         spec = RequestSpec.from_args(args)
         session = spec.open(engine)
         with session:
+            store = default_store()
             chat = Chat(
                 session,
                 text,
@@ -358,7 +382,10 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
                 stops=list(spec.stops) if spec.stops is not None else None,
                 answer_prefix=spec.answer_prefix,
                 model_name=engine.model_name,
+                saved=SavedChat(store, text) if store is not None else None,
             )
+            if not args.new:
+                chat.resume()
             if scripted:
                 code = run_script(chat, lines if lines is not None else inp, out)
             else:
@@ -366,6 +393,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO, inp: TextIO | None 
                     f"{Path(args.file).name}: {len(text):,} characters, {engine.model_name}, "
                     f"{spec.policy} at a {spec.budget_tokens:,}-token budget. /help for commands.\n"
                 )
+                if note := _resumed_line(chat):
+                    err.write(note + "\n")
                 with readline_history(history_file(), err):
                     code = interactive(chat, input, out, err)
             if args.show_kept is not None and chat.history:

@@ -20,11 +20,12 @@ from typing import Any
 
 import psutil
 
-from ..errors import Cancelled, ConfigError
+from ..errors import Cancelled, ConfigError, StateError
 from ..session.core import Session
 from ..session.prompts import SUMMARY_INSTRUCTION
 from ..session.sampling import Sampling
 from ..stats import Done, Event, KVStats, Recalled, Token
+from .states import StateStore, key_digest
 
 EXCERPT_CHARS = 200  # recalled excerpts are cut to this many characters in records
 _MB = 1024 * 1024
@@ -55,6 +56,22 @@ def turn_events(
     return True, session.ask(
         document, question, answer_prefix=prefix, system=system, stops=stops, **gen
     )
+
+
+@dataclass(frozen=True)
+class SavedChat:
+    """Where a conversation about one text is saved between runs: its cache after each
+    turn, in ``store`` under a key made of the text and the system prompt (so the
+    next run about the same file finds it; other settings or another model are told
+    apart by the saved cache itself, with the reason)."""
+
+    store: StateStore
+    document: str
+    system: str = ""
+
+    @property
+    def key(self) -> str:
+        return "chat-cli-" + key_digest(self.document, self.system)
 
 
 @dataclass(frozen=True)
@@ -92,9 +109,11 @@ class Chat:
         stops: Sequence[str] | None = None,
         answer_prefix: str = "",
         model_name: str = "",
+        saved: SavedChat | None = None,
     ) -> None:
         """``stops`` end every turn's answer (the first read's replace the prompt's
-        own, follow-ups add them); ``answer_prefix`` is the default for questions."""
+        own, follow-ups add them); ``answer_prefix`` is the default for questions;
+        ``saved``: where the conversation is kept between runs (see ``resume``)."""
         self.session = session
         self.document = document
         self.max_tokens = max_tokens
@@ -104,7 +123,44 @@ class Chat:
         self.model_name = model_name
         self.history: list[Turn] = []
         self.started = 0  # turns begun, failed ones included
+        self.saved = saved
+        self.earlier: list[tuple[str, str]] = []  # (question, answer) of earlier runs
+        self.resumed = False
+        self.resume_note = ""  # why a saved conversation was not resumed
+        self.resume_s = 0.0  # what restoring it took, counted in the first turn
         self.stopping = threading.Event()  # set by ``stop``, cleared when a turn ends
+
+    def resume(self) -> bool:
+        """Continue the conversation saved about this text, if there is one that this
+        session can hold (the same model and settings); else say why in
+        ``resume_note`` and start afresh."""
+        if self.saved is None:
+            return False
+        start = time.perf_counter()
+        try:
+            state = self.saved.store.get(self.saved.key)
+            self.session.restore(state)
+        except StateError as exc:  # none saved yet needs no note
+            self.resume_note = "" if "no saved cache" in str(exc) else str(exc)
+            return False
+        self.earlier = [tuple(t) for t in state.extra.get("turns", [])]  # type: ignore[misc]
+        self.started = len(self.earlier)
+        self.resumed = True
+        self.resume_s = time.perf_counter() - start
+        return True
+
+    def _save(self, turn: Turn) -> None:
+        """After an answer: the cache is saved and the session takes the saved layout
+        (the next run continues exactly as this one would)."""
+        if self.saved is None or turn.reason == "cancelled":
+            return
+        turns = [*self.earlier, *((t.question, t.answer) for t in self.history)]
+        try:
+            state = self.session.snapshot({"turns": turns})
+            self.session.restore(state)
+            self.saved.store.put(self.saved.key, state)
+        except StateError as exc:
+            self.resume_note = f"the conversation is not saved: {exc}"
 
     def stop(self) -> None:
         """Stop the running turn (thread- and signal-safe); a turn about to begin
@@ -159,11 +215,12 @@ class Chat:
             text="".join(parts),
             reason=reason,
             reads_document=reads,
-            seconds=time.perf_counter() - start,
+            seconds=time.perf_counter() - start + (self.resume_s if not self.history else 0),
             stats=replace(session.stats),  # a copy: later turns change the session's
             excerpts=excerpts,
         )
         self.history.append(turn)
+        self._save(turn)
         return turn
 
     def write_kept(self, path: Path) -> Path:

@@ -21,8 +21,20 @@ from pathlib import Path
 from ..errors import StateError
 from ..session.state import SUFFIX, SavedState
 
+STATES_ENV = "KVTRIM_STATES"  # the folder of saved caches; empty: save none
 DISK_BYTES = 2 << 30  # saved caches on disk at most (about 130 conversations at 15 MB)
 RAM_BYTES = 512 << 20  # saved caches a server keeps in RAM at most
+
+
+def default_store() -> StateStore | None:
+    """The user's saved caches: ``$KVTRIM_STATES`` (empty: none), else ``states`` in
+    the user data folder (where the app keeps its chats' caches too)."""
+    override = os.environ.get(STATES_ENV)
+    if override is not None:
+        return StateStore(Path(override)) if override else None
+    from platformdirs import user_data_dir
+
+    return StateStore(Path(user_data_dir("kvtrim", appauthor=False)) / "states")
 
 
 def key_digest(*parts: object) -> str:
