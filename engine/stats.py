@@ -45,6 +45,7 @@ class KVStats:
     score_s: float = 0.0
     first_token_s: float | None = None
     recalled_tokens: int = 0  # document tokens re-decoded for the latest follow-up
+    cached_tokens: int = 0  # prompt tokens not read again: a saved or kept read reused
     recall_host_bytes: int = 0  # host RAM of the recall index (document ids, BM25)
 
     @property

@@ -236,3 +236,28 @@ def test_show_kept_writes_a_self_contained_page(tmp_path):
 
     assert '<span class="e">' in html
     assert "48213" in re.sub(r"<[^>]+>", "", html), "the text survives, spread over spans"
+
+
+@pytest.mark.slow
+def test_a_second_question_about_a_document_starts_from_its_saved_read(tmp_path, monkeypatch):
+    """Issue 24: ``kvtrim ask`` twice about the same document and settings: the
+    second restores the first's read (``cached_tokens``), reads only its question
+    and answers right; ``--reread`` reads it all again."""
+    monkeypatch.setenv("KVTRIM_STATES", str(tmp_path / "states"))
+    doc = tmp_path / "doc.txt"
+    doc.write_text(prose(80, seed=11) + " The locker code is 4417. " + prose(80, seed=12))
+    base = ["ask", str(doc), "--budget", "256", "--json", "--max-tokens", "6"]
+
+    def ask(*extra: str) -> dict:
+        out, err = io.StringIO(), io.StringIO()
+        assert main([*base, *extra], out, err) == 0, err.getvalue()
+        return json.loads(out.getvalue())
+
+    first = ask("-q", "Who repaired the bicycle?")
+    assert first["cached_tokens"] == 0
+    second = ask("-q", "What is the locker code?", "--answer-prefix", "The locker code is")
+    assert second["cached_tokens"] > 1024 and second["prompt_tokens"] < 200
+    assert "4417" in second["answer"]
+    again = ask("-q", "What is the locker code?", "--answer-prefix", "The locker code is",
+                "--reread")  # fmt: skip
+    assert again["cached_tokens"] == 0 and again["prompt_tokens"] > 1024

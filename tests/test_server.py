@@ -274,3 +274,57 @@ def test_metrics_show_each_running_request_in_the_pool(server, client):
     assert "kvtrim_sequence_share_cells{" not in after  # it left: its sequence is free
     assert "kvtrim_pool_active_sequences 0.0" in after
     assert "kvtrim_request_share_ratio_count" in after
+
+
+def test_a_document_asked_about_twice_is_read_once(server, client):
+    """Issue 24: a second request with the same system prompt and document (a new
+    question) continues the cache of the first (a saved read one at a time, a parked
+    sequence in parallel): ``usage.prompt_tokens_details.cached_tokens`` says how many
+    prompt tokens were not read again, and the answer is still right."""
+    doc = prose(60, seed=31) + " The ferry leaves at 7 a.m. from pier 14. " + prose(60, seed=32)
+
+    def ask(question: str, prefix: str):
+        messages = [  # the document in the system message: the text both requests share
+            {"role": "system", "content": f"Answer from this document.\n\n{doc}"},
+            {"role": "user", "content": f"Question: {question}\nAnswer: {prefix}"},
+        ]
+        return client.chat.completions.create(
+            model="any", messages=messages, max_tokens=8, temperature=0
+        )
+
+    first = ask("Who repaired the bicycle?", "")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = ask("From which pier does the ferry leave?", "The ferry leaves from pier")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 1024, second.usage
+    assert second.usage.prompt_tokens > cached  # every prompt token, the cached among them
+    assert second.model_extra["kvtrim"]["tokens_seen"] > 0
+    assert "14" in second.choices[0].message.content
+
+
+def test_max_tokens_zero_reads_only_and_health_needs_no_key(server, client):
+    """Issue 24, item 4: ``max_tokens: 0`` is prompt processing only (to warm a cache),
+    as llama-server accepts it; /health answers without the API key."""
+    out = client.completions.create(model="any", prompt=prose(5, seed=2), max_tokens=0)
+    assert out.choices[0].text == "" and out.usage.completion_tokens == 0
+    assert out.usage.prompt_tokens > 10
+    health = httpx.get(f"{server}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert httpx.get(f"{server}/v1/models", timeout=10).status_code == 401
+
+
+def test_parked_sequences_give_way_to_new_requests(engine):
+    """A pool whose sequences are all parked with their texts still admits a request
+    about another text: the least recently parked is freed (``KVPool.reclaim``)."""
+    config = ServerConfig(policy="snapkv", budget_tokens=256, parallel=2, kv_cells=1024)
+    with BackgroundServer(create_app(engine, config)) as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        for seed in (41, 42, 43):  # three texts for two sequences
+            messages = [
+                {"role": "system", "content": prose(120, seed=seed)},
+                {"role": "user", "content": "Who repaired the bicycle?"},
+            ]
+            out = c.chat.completions.create(
+                model="any", messages=messages, max_tokens=4, temperature=0
+            )
+            assert out.usage.completion_tokens > 0

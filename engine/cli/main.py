@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -27,9 +27,12 @@ from ..native.cpu import system_info
 from ..native.monitor import MemoryMonitor
 from ..policies import POLICIES, help_lines, make_policy
 from ..runtime.engine import Engine
+from ..runtime.prefix import PrefixCache
 from ..runtime.spec import RequestSpec
+from ..runtime.states import default_store
 from ..session.core import BOUNDED_GAP, MIN_CHUNK, POSITION_MODES, Session
-from ..stats import Done, Evicted, Progress, Token
+from ..session.prompts import ask_prompt, prompt_tokens
+from ..stats import Done, Event, Evicted, Progress, Restored, Token
 from . import bench as bench_cli
 from . import chat as chat_cli
 from . import serve as serve_cli
@@ -163,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question about a document")
     _common(ask)
     ask.add_argument("--question", "-q", required=True)
+    ask.add_argument(
+        "--reread",
+        action="store_true",
+        help="read the document again even when it was read before with these settings "
+        "(by default a second question about it starts from that saved read)",
+    )
     summ = sub.add_parser("summarize", help="summarize a document, or many into --out")
     _common(summ, many=True)
     chat = sub.add_parser("chat", help="chat about a document in the terminal (or JSON lines)")
@@ -202,9 +211,11 @@ def check_settings(args: argparse.Namespace) -> None:
 
 
 def _summary_line(result: dict[str, Any]) -> str:
+    cached = result.get("cached_tokens", 0)
+    reused = f" (+{cached} from the saved read of this document)" if cached else ""
     return (
         f"[{result['policy']} budget={result['budget_tokens']}] "
-        f"{result['prompt_tokens']} prompt tokens, peak {result['kv_cells_peak']} cells, "
+        f"{result['prompt_tokens']} prompt tokens{reused}, peak {result['kv_cells_peak']} cells, "
         f"KV {result['kv_bytes_peak'] / _MB:.1f} MB vs "
         f"{result['kv_bytes_llama_default'] / _MB:.1f} MB llama.cpp default "
         f"({result['kv_ratio']:.3f}; {result['kv_bytes_full'] / _MB:.1f} MB swa_full), "
@@ -280,7 +291,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             monitor.sample()
             if args.show_kept is not None:
                 _write_kept(args, session, engine.model_name, settings.answer(done.text))
-        result = _result(done, settings.answer(done.text), monitor, engine)
+        cached = getattr(args, "cached_tokens", 0)
+        result = _result(done, settings.answer(done.text), monitor, engine, cached)
     monitor.close()
     if args.json:
         out.write(json.dumps(result) + "\n")
@@ -302,7 +314,7 @@ def _answer(
 ) -> Done:
     """Read ``text`` and write the answer as it comes (progress on a terminal)."""
     if args.command == "ask":
-        events = settings.ask(session, text, args.question)
+        events = _ask_events(args, settings, session, text)
     else:
         events = settings.summarize(session, text)
     if not args.json and settings.answer_prefix:
@@ -310,6 +322,8 @@ def _answer(
     show_progress = not args.json and err.isatty()
     done: Done | None = None
     for event in events:
+        if isinstance(event, Restored):
+            args.cached_tokens = event.seen
         if isinstance(event, (Progress, Evicted)):
             monitor.sample()
         if isinstance(event, Progress) and show_progress:
@@ -328,8 +342,25 @@ def _answer(
     return done
 
 
-def _result(done: Done, answer: str, monitor: MemoryMonitor, engine: Engine) -> dict[str, Any]:
-    """``--json``'s object: the answer and its figures (bytes, tokens, seconds)."""
+def _ask_events(
+    args: argparse.Namespace, settings: RequestSpec, session: Session, text: str
+) -> Iterator[Event]:
+    """The answer's events: from the saved read of this document when a question about
+    it was asked before with these settings (runtime/prefix.py), else reading it."""
+    store = None if args.reread else default_store()
+    if store is None:
+        return settings.ask(session, text, args.question)
+    prompt = ask_prompt(session.model, text, args.question, settings.answer_prefix)
+    head, tail, sources = prompt_tokens(session.model, prompt)
+    stops = settings.stops if settings.stops is not None else prompt.stops
+    return PrefixCache(store).run(session, settings, head, tail, args.question, sources, stops)
+
+
+def _result(
+    done: Done, answer: str, monitor: MemoryMonitor, engine: Engine, cached: int = 0
+) -> dict[str, Any]:
+    """``--json``'s object: the answer and its figures (bytes, tokens, seconds);
+    ``cached``: the document's tokens not read again (a saved read was restored)."""
     s = done.stats
     gpu_seen = monitor.gpu_note is None
     return {
@@ -337,6 +368,7 @@ def _result(done: Done, answer: str, monitor: MemoryMonitor, engine: Engine) -> 
         "policy": s.policy,
         "budget_tokens": s.budget_tokens,
         "prompt_tokens": s.prompt_tokens,
+        "cached_tokens": cached,
         "generated_tokens": s.generated_tokens,
         "kv_cells_peak": s.cells_peak,
         "kv_cells_allocated": s.n_ctx,

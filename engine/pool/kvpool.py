@@ -11,6 +11,7 @@ the sequences' steps; ``snapshot`` (metrics.py) gives the figures of ``/metrics`
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..errors import Cancelled, ConfigError, ContextOverflowError
@@ -134,6 +135,9 @@ class KVPool:
         self._free = list(range(max_seqs))
         self._slots: dict[int, Slot] = {}
         self.peak_seqs = 0
+        self.reclaim: Callable[[], bool] | None = None
+        """Frees a sequence that is kept idle (True) when one more does not fit: the
+        server keeps finished requests' sequences for their text (serve/runner.py)."""
         self.scheduler = Scheduler(self._shared, layout=layout, gather_s=gather_s, held=self._held)
 
     @property
@@ -169,35 +173,43 @@ class KVPool:
             raise ContextOverflowError(
                 f"the request needs {least} KV cells; the pool gives at most {self.rule.most}"
             )
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
                 if self.scheduler.closed:
                     raise Cancelled("the pool is closed")
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("cancelled while waiting for KV memory")
-                running = {seq: s.claim for seq, s in self._slots.items()}
-                admitted = (
-                    self.rule.admit(running, Want(want, evicts, least)) if self._free else None
-                )
-                if admitted is not None:
-                    share, others = admitted
-                    seq = self._free.pop(0)
-                    slot = Slot(
-                        self._shared,
-                        self.scheduler,
-                        self._release,
-                        seq,
-                        share,
-                        label=label,
-                        want=want,
-                        evicts=evicts,
-                    )
-                    for other, cells in others.items():
-                        self._slots[other].n_ctx = cells
-                    self._slots[seq] = slot
-                    self.peak_seqs = max(self.peak_seqs, len(self._slots))
+                slot = self._admit(want, least, evicts, label)
+                if slot is not None:
                     return slot
-                self._cond.wait(ADMIT_POLL_S)
+            # no room: sequences kept idle for their text (the server's) go first
+            if self.reclaim is None or not self.reclaim():
+                with self._cond:
+                    self._cond.wait(ADMIT_POLL_S)
+
+    def _admit(self, want: int, least: int, evicts: bool, label: str) -> Slot | None:
+        """A new sequence if it fits now (call with ``_cond`` held), else None."""
+        running = {seq: s.claim for seq, s in self._slots.items()}
+        admitted = self.rule.admit(running, Want(want, evicts, least)) if self._free else None
+        if admitted is None:
+            return None
+        share, others = admitted
+        seq = self._free.pop(0)
+        slot = Slot(
+            self._shared,
+            self.scheduler,
+            self._release,
+            seq,
+            share,
+            label=label,
+            want=want,
+            evicts=evicts,
+        )
+        for other, cells in others.items():
+            self._slots[other].n_ctx = cells
+        self._slots[seq] = slot
+        self.peak_seqs = max(self.peak_seqs, len(self._slots))
+        return slot
 
     def open(
         self,

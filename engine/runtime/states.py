@@ -142,11 +142,13 @@ class RamStates:
             while sum(s.nbytes for s in self._states.values()) > self.max_bytes:
                 self._states.popitem(last=False)
 
-    def get(self, key: str) -> SavedState | None:
+    def get(self, key: str) -> SavedState:
+        """The state saved under ``key``; ``StateError`` when there is none."""
         with self._lock:
             state = self._states.get(key)
-            if state is not None:
-                self._states.move_to_end(key)
+            if state is None:
+                raise StateError("there is no saved cache")
+            self._states.move_to_end(key)
             return state
 
     @property

@@ -195,6 +195,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     _add_middleware(app, config, metrics)
     _add_error_handlers(app, metrics)
 
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        """Up and ready (as llama-server's /health); no API key needed."""
+        return {"status": "ok", "queued": runner.waiting}
+
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
         return {

@@ -95,8 +95,12 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+OPEN_PATHS = frozenset({"/health"})  # answered without the API key, as llama-server does
+
+
 class KeyCheck:
-    """Answers 401 unless the request carries ``Authorization: Bearer <key>``."""
+    """Answers 401 unless the request carries ``Authorization: Bearer <key>`` (every
+    path but ``OPEN_PATHS``)."""
 
     def __init__(self, app: ASGIApp, key: str, on_refuse: OnRefuse | None = None) -> None:
         self.app = app
@@ -104,7 +108,7 @@ class KeyCheck:
         self.on_refuse = on_refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and scope.get("path") not in OPEN_PATHS:
             header = Headers(scope=scope).get("authorization", "")
             if not key_matches(header, self.key):
                 if self.on_refuse is not None:

@@ -9,12 +9,20 @@ is cancelled or whose client went away frees its sequence and cells at once.
 With ``parallel == 1`` requests run one at a time and the last session is kept
 for the next request with the same policy, budget and parameters (``run``
 starts it from an empty cache), which saves allocating a context per request.
+
+A document asked about twice is read once (runtime/prefix.py): one at a time, the
+read of each prompt's text (1,024 tokens or more) is saved in RAM and restored for
+the next request with the same settings and text; in parallel, a finished request's
+sequence is kept idle in the pool with its text (``_Parked``) and the next such
+request continues it, until the pool needs its cells (``KVPool.reclaim``). The
+reuse is reported as ``usage.prompt_tokens_details.cached_tokens``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +30,9 @@ from typing import Any
 from ..errors import Cancelled, KvtrimError
 from ..pool.kvpool import KVPool
 from ..runtime.engine import Engine
+from ..runtime.prefix import MIN_PREFIX_TOKENS, PrefixCache
 from ..runtime.spec import RequestSpec
+from ..runtime.states import RamStates
 from ..session.core import Session, default_threads
 from ..stats import Done, Event, Result
 
@@ -49,6 +59,7 @@ class Job:
     label: str = ""  # shown in /metrics (the endpoint)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _session: Session | None = None
+    reuse: _Parked | None = None  # the parked sequence this job continues
 
     def cancel(self) -> None:
         """Stop this job (the client went away); thread-safe."""
@@ -56,6 +67,16 @@ class Job:
         session = self._session
         if session is not None:
             session.cancel()
+
+
+@dataclass
+class _Parked:
+    """A finished request's sequence kept in the pool with the text it read: ids
+    ``first`` on are its question and answer, forgotten when it is continued."""
+
+    session: Session
+    first: int
+    text_tokens: int
 
 
 class EngineRunner:
@@ -98,6 +119,10 @@ class EngineRunner:
         self._jobs: dict[int, Job] = {}  # queued or running, by id
         self._stopping = False
         self._count = 0
+        self.prefixes = PrefixCache(RamStates())  # one at a time: saved reads in RAM
+        self._parked: OrderedDict[str, _Parked] = OrderedDict()  # in parallel: kept
+        if self.pool is not None:
+            self.pool.reclaim = self._reclaim
 
     @property
     def waiting(self) -> int:
@@ -159,19 +184,27 @@ class EngineRunner:
             raise
         finally:
             job._session = None
-            if self.pool is not None and session is not None:
+            if self.pool is not None and session is not None and not self._park(job, session):
                 session.close()
             self._finished(job)
 
+    def _job_events(self, job: Job, session: Session) -> Iterator[Event]:
+        """The job's events: its text read, or the read of the same text kept from an
+        earlier request (a sequence parked in the pool, or a saved read in RAM)."""
+        spec, question = job.spec, self.engine.model.detokenize(job.tail)
+        gen = {"max_tokens": spec.max_tokens, "sampling": spec.sampling, "stops": spec.stops or ()}
+        if self.pool is None:
+            return self.prefixes.run(
+                session, spec, job.head, job.tail, question, None, gen["stops"]
+            )
+        if job.reuse is not None:
+            session.rewind(job.reuse.first)
+            session.stats.cached_tokens = job.reuse.text_tokens
+            return session.reask(job.tail, question, **gen)  # type: ignore[arg-type]
+        return session.run_tokens(job.head, job.tail, **gen)  # type: ignore[arg-type]
+
     def _events(self, job: Job, session: Session) -> Result:
-        spec = job.spec
-        events = session.run_tokens(
-            job.head,
-            job.tail,
-            max_tokens=spec.max_tokens,
-            sampling=spec.sampling,
-            stops=spec.stops or (),
-        )
+        events = self._job_events(job, session)
         for event in events:
             if job._cancelled.is_set():  # a cancel before the run cleared its flag
                 session.cancel()
@@ -182,8 +215,12 @@ class EngineRunner:
         raise Cancelled("the run ended without an answer")
 
     def _session_for(self, job: Job) -> Session:
-        """A new sequence of the pool, or the kept session when its settings match."""
+        """A new sequence of the pool (or one parked with the job's text), or the kept
+        session when its settings match."""
         if self.pool is not None:
+            job.reuse = self._unpark(job)
+            if job.reuse is not None:
+                return job.reuse.session
             n_tokens = len(job.head) + len(job.tail) + job.spec.max_tokens
             return job.spec.open_in(
                 self.engine, self.pool, n_tokens, cancel=job._cancelled, label=job.label
@@ -200,9 +237,47 @@ class EngineRunner:
             self._session.close()
         self._session, self._key = None, None
 
+    def _text_key(self, job: Job) -> str | None:
+        if len(job.head) < MIN_PREFIX_TOKENS:
+            return None
+        return self.prefixes.key(job.spec, job.head)
+
+    def _park(self, job: Job, session: Session) -> bool:
+        """Keep a finished request's sequence for the next one with its text (True),
+        unless it did not finish, its text is short or the server stops."""
+        key = self._text_key(job)
+        if key is None or self._stopping or not session.can_follow_up:
+            return False
+        # the text's ids are 0.. len(head) - 1: a continued request's question and
+        # answer came after, and go with the next rewind to the same id
+        parked = _Parked(session, len(job.head), len(job.head))
+        with self._lock:
+            old = self._parked.pop(key, None)
+            self._parked[key] = parked
+        if old is not None:
+            old.session.close()
+        return True
+
+    def _unpark(self, job: Job) -> _Parked | None:
+        key = self._text_key(job)
+        with self._lock:
+            return self._parked.pop(key, None) if key is not None else None
+
+    def _reclaim(self) -> bool:
+        """Free the least recently parked sequence (the pool needs room); False when
+        none is parked."""
+        with self._lock:
+            if not self._parked:
+                return False
+            _, parked = self._parked.popitem(last=False)
+        parked.session.close()
+        return True
+
     def close(self) -> None:
         """Finish the queue and free the session (or the pool)."""
         self._executor.submit(self._close_session).result()
         self._executor.shutdown(wait=True)
+        while self._reclaim():
+            pass
         if self.pool is not None:
             self.pool.close()

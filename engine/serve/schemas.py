@@ -62,7 +62,7 @@ class _Sampling(KvOverrides):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1, le=MAX_TOKENS)
+    max_tokens: int | None = Field(default=16, ge=0, le=MAX_TOKENS)  # 0: read only
     echo: bool = False
     logprobs: int | None = None
 
@@ -93,8 +93,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)  # 0: read only
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     logprobs: bool | None = None
 
 
@@ -103,11 +103,16 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def usage(stats: KVStats) -> dict[str, int]:
+def usage(stats: KVStats) -> dict[str, Any]:
+    """OpenAI's ``usage``: every prompt token, of which ``cached_tokens`` were not read
+    again (a saved read of the same text reused, as llama-server reports its prompt
+    cache)."""
+    prompt = stats.prompt_tokens + stats.cached_tokens
     return {
-        "prompt_tokens": stats.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": stats.generated_tokens,
-        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "total_tokens": prompt + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 

@@ -145,7 +145,7 @@ class JobBuilder:
         if not tokens:
             raise invalid("the prompt is empty", "prompt")
         head, tail = split_question(tokens)
-        max_tokens = req.max_tokens or COMPLETION_MAX_TOKENS
+        max_tokens = COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
         return self._job(req, policy, head, tail, req.stops(), max_tokens)
 
     def chat(self, req: ChatRequest) -> Job:
@@ -158,7 +158,8 @@ class JobBuilder:
         model = self.model
         head = model.tokenize(prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup)
         tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
-        max_tokens = req.max_completion_tokens or req.max_tokens or self.config.max_tokens
+        given = (req.max_completion_tokens, req.max_tokens, self.config.max_tokens)
+        max_tokens = next(n for n in given if n is not None)
         return self._job(req, policy, head, tail, [*req.stops(), *prompt.stops], max_tokens)
 
     def _job(

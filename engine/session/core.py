@@ -33,7 +33,7 @@ from .config import (
 )
 from .follow_up import FollowUps
 from .generate import generate
-from .prompts import Prompt, ask_prompt, summary_prompt
+from .prompts import Prompt, ask_prompt, prompt_tokens, summary_prompt
 from .reader import Reader
 from .sampling import Sampling
 from .sizing import MIN_CHUNK, OwnContext, PoolShare
@@ -86,28 +86,7 @@ class Session:
             if slot is None
             else PoolShare(policy, budget, chunk, slot=slot)
         )
-        max_position = config.max_position or model.info.n_ctx_train
-        if self.sizing.n_ctx_max >= max_position:
-            raise ConfigError(
-                f"budget + chunk ({self.sizing.n_ctx_max}) must be below {max_position}"
-            )
-        info = model.info
-        wanted = CacheSettings.decide(
-            reads_attention=policy.needs_attention,
-            kv_type=config.kv_type,
-            flash_attn=config.flash_attn,
-            swa_cache=config.swa_cache,
-            window_layers_unknown=info.n_swa > 0 and not info.n_swa_layers,
-            who=policy.name,
-        )
-        room = chunk if policy.evicts else self.sizing.n_ctx_max
-        threads = config.n_threads or default_threads()
-        ctx, cache = self.sizing.open(model, wanted, min(room, config.batch_tokens), threads)
-        kv_type = config.kv_type
-        if type_name(cache.type_v) != kv_type:
-            kv_type = f"{kv_type}/{type_name(cache.type_v)}"  # K/V
-        layout = info.kv_layout(cache.type_k, cache.type_v)
-        self.reader = Reader(model, policy, config, self.sizing, ctx, layout, kv_type)
+        self.reader = _reader(model, policy, config, self.sizing)
         self.turns = FollowUps(self.reader)
 
     # -- what the parts hold ------------------------------------------------
@@ -213,6 +192,33 @@ class Session:
             stops=stops,
         )
 
+    def reask(
+        self,
+        tail: Sequence[int],
+        question: str,
+        *,
+        max_tokens: int = 128,
+        sampling: Sampling | None = None,
+        stops: Sequence[str] = (),
+    ) -> Iterator[Event]:
+        """Another question (``tail``, its tokens; ``question``, its text for recall)
+        about the text the cache holds: after ``restore`` of a state saved at the
+        "read" checkpoint, or ``rewind`` (see follow_up.py)."""
+        if not self.cache.n_used:
+            raise ConfigError("nothing read to ask about: restore or read a text first")
+        self.ctx.cancel_event.clear()
+        gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": stops}
+        return self.turns.reask(tail, question, **gen)
+
+    def rewind(self, first_id: int) -> None:
+        """Forget the tokens from id ``first_id`` on (a request's question and answer):
+        the cache ends with the text read before them, ready for ``reask``."""
+        self.cache.drop_scratch()
+        self.cache.drop_tail(first_id)
+        self.reader.logits = None
+        self.reader.stats = self.reader.new_stats()  # the next request's own figures
+        self.reader.sync_stats()
+
     def run(
         self,
         prompt: Prompt,
@@ -225,19 +231,11 @@ class Session:
         that comes while the prompt is tokenized (seconds for a long document) stops
         the run at its first step: the cancel event is cleared before, not after."""
         self.ctx.cancel_event.clear()
-        model = self.model
-        head = model.tokenize(prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup)
-        body = model.tokenize(prompt.document)
-        tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
-        sources = [
-            ("prompt", prompt.prefix, head),
-            ("document", prompt.document, body),
-            ("question", prompt.suffix, tail),
-        ]
+        head, tail, sources = prompt_tokens(self.model, prompt)
         if not tail:
             raise ConfigError("the prompt's last part (the question) is empty")
         return self._run_tokens(
-            head + body,
+            head,
             tail,
             max_tokens=max_tokens,
             sampling=sampling,
@@ -301,13 +299,11 @@ class Session:
         logits: bool = True,
         every: bool = False,
     ) -> Iterator[Event]:
-        """Append ``tokens`` in chunks, evicting before the cache would overflow
-        (see ``Reader.feed``)."""
+        """Append ``tokens`` in chunks, evicting as needed (see ``Reader.feed``)."""
         return self.reader.feed(tokens, observe=observe, logits=logits, every=every)
 
     def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
-        """Append ``tokens`` and yield the logits of every position, block by block
-        (see ``Reader.teacher_force``)."""
+        """The logits of every position of ``tokens`` (see ``Reader.teacher_force``)."""
         return self.reader.teacher_force(tokens)
 
     def generate(
@@ -357,6 +353,31 @@ class Session:
         self.close()
 
     collect = staticmethod(collect)
+
+
+def _reader(model: Model, policy: Policy, config: SessionConfig, sizing: OwnContext) -> Reader:
+    """The session's reader, in a context of its own or its pool share, with the cache
+    settings decided once (``CacheSettings.decide``) for both."""
+    max_position = config.max_position or model.info.n_ctx_train
+    if sizing.n_ctx_max >= max_position:
+        raise ConfigError(f"budget + chunk ({sizing.n_ctx_max}) must be below {max_position}")
+    info = model.info
+    wanted = CacheSettings.decide(
+        reads_attention=policy.needs_attention,
+        kv_type=config.kv_type,
+        flash_attn=config.flash_attn,
+        swa_cache=config.swa_cache,
+        window_layers_unknown=info.n_swa > 0 and not info.n_swa_layers,
+        who=policy.name,
+    )
+    room = config.chunk() if policy.evicts else sizing.n_ctx_max
+    threads = config.n_threads or default_threads()
+    ctx, cache = sizing.open(model, wanted, min(room, config.batch_tokens), threads)
+    kv_type = config.kv_type
+    if type_name(cache.type_v) != kv_type:
+        kv_type = f"{kv_type}/{type_name(cache.type_v)}"  # K/V
+    layout = info.kv_layout(cache.type_k, cache.type_v)
+    return Reader(model, policy, config, sizing, ctx, layout, kv_type)
 
 
 def _check(model: Model, policy: Policy, config: SessionConfig) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -54,40 +54,87 @@ class FollowUps:
         """Append ``question`` after the last answer, with excerpts of the evicted
         document where there is room, and generate. A turn stopped before a word of
         the answer leaves the cache as if it was never asked."""
+        self._begin()
+        model = self.reader.model
+        prompt = follow_up_prompt(model, question, answer_prefix)
+        head, tail = [], model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+        excerpts = self._excerpts(question, tail, max_tokens)
+        if excerpts:
+            prompt = follow_up_prompt(model, question, answer_prefix, excerpt=True)
+            head = model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
+            tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+        self.reader.trace.add("turn", prompt.prefix, head)
+        body = yield from self._recall(excerpts)
+        self.reader.trace.add("turn", prompt.suffix, tail)
+        gen = (max_tokens, sampling, (*prompt.stops, *stops))
+        yield from self._answer(head + body + tail, tail, *gen)
+
+    def reask(
+        self,
+        tail: Sequence[int],
+        question: str,
+        *,
+        max_tokens: int,
+        sampling: Sampling,
+        stops: Sequence[str],
+    ) -> Iterator[Event]:
+        """Another question about the text the cache holds (a saved read restored, or
+        a request rewound to the end of its text): the text was compressed for an
+        earlier question, so the windows of it that best match ``question`` come back
+        first (after the text, before ``tail``, the question's own tokens)."""
+        self._begin()
+        self.reader.trace.truncate(self.reader.cache.next_id)  # a question never read
+        tail = list(tail)
+        excerpts = self._excerpts(question, tail, max_tokens)
+        body = yield from self._recall(excerpts)
+        self.reader.trace.add("question", None, tail)
+        yield from self._answer(body + tail, tail, max_tokens, sampling, tuple(stops))
+
+    def _begin(self) -> None:
         r = self.reader
         r.t0 = time.perf_counter()
         r.stats.first_token_s = None
         r.stats.recalled_tokens = 0
         self._drop_copy()
-        model = r.model
-        prompt = follow_up_prompt(model, question, answer_prefix)
-        head, tail = [], model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
-        answer = min(max_tokens, r.config.chunk())  # a longer answer evicts as it goes
+
+    def _excerpts(self, question: str, tail: list[int], max_tokens: int) -> list[Excerpt]:
+        """Evicted windows of the document for ``question``, as room allows."""
+        answer = min(max_tokens, self.reader.config.chunk())  # longer answers evict
         room = self._room(len(tail), answer)
-        excerpts = self._pick(question, tail, room, answer) if room > 0 else []
-        if excerpts:
-            prompt = follow_up_prompt(model, question, answer_prefix, excerpt=True)
-            head = model.tokenize(prompt.prefix, markup=prompt.prefix_markup)
-            tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+        return self._pick(question, tail, room, answer) if room > 0 else []
+
+    def _recall(self, excerpts: list[Excerpt]) -> Generator[Event, None, list[int]]:
+        """The excerpts' tokens, traced and announced; returns them."""
+        r = self.reader
         body, src, texts = self._excerpt_tokens(excerpts)
-        r.trace.add("turn", prompt.prefix, head)
         first = r.trace.n_ids
         r.trace.add("recalled", EXCERPT_GAP.join(texts), body)
-        r.trace.add("turn", prompt.suffix, tail)
         if body:
             self.copy_ids = np.arange(first, first + len(body), dtype=np.int64)
             self.copy_src = src
             r.stats.recalled_tokens = int((src >= 0).sum())
             yield Recalled(tuple(texts), len(body), r.stats)
+        return body
+
+    def _answer(
+        self,
+        tokens: list[int],
+        tail: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        stops: tuple[str, ...],
+    ) -> Iterator[Event]:
+        """Read ``tokens`` (``tail`` voting) and answer; stopped before a word of the
+        answer, the cache is as if it was never asked."""
+        r = self.reader
         turn_id, answered = r.cache.next_id, False
         try:
-            yield from r.feed(head + body + tail, observe=tail, logits=True)
-            all_stops = (*prompt.stops, *stops)
-            for event in generate(r, max_tokens=max_tokens, sampling=sampling, stops=all_stops):
+            yield from r.feed(tokens, observe=tail, logits=True)
+            for event in generate(r, max_tokens=max_tokens, sampling=sampling, stops=stops):
                 answered = answered or isinstance(event, Token)
                 yield event
         except BaseException:
-            if not answered:  # stopped before a word of the answer: as if never asked
+            if not answered:
                 self._roll_back(turn_id)
             raise
 

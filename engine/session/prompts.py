@@ -155,6 +155,23 @@ def _template_error(model: Model, exc: BaseException) -> TemplateError:
     )
 
 
+Sources = list[tuple[str, str | None, list[int]]]  # (name, text, tokens) for the memory map
+
+
+def prompt_tokens(model: Model, prompt: Prompt) -> tuple[list[int], list[int], Sources]:
+    """``prompt`` as the tokens a session reads (its prefix and document), the tokens
+    of its question part, and the sources of both for the memory map."""
+    head = model.tokenize(prompt.prefix, add_bos=prompt.add_bos, markup=prompt.prefix_markup)
+    body = model.tokenize(prompt.document)
+    tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
+    sources: Sources = [
+        ("prompt", prompt.prefix, head),
+        ("document", prompt.document, body),
+        ("question", prompt.suffix, tail),
+    ]
+    return head + body, tail, sources
+
+
 def check_template(model: Model) -> str | None:
     """Render a sample conversation once (as a model is loaded), so a template that
     cannot work is refused with one line before any chat starts. A template that

@@ -50,7 +50,7 @@ class Reader:
         self.max_position = config.max_position or model.info.n_ctx_train
         self.reads_attention = policy.needs_attention
         self.cache = KVCache(ctx, track_cells=self.reads_attention)
-        self.stats = self._new_stats()
+        self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
@@ -65,7 +65,7 @@ class Reader:
         self.ctx.clear()
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.policy.reset()
-        self.stats = self._new_stats()
+        self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits = None
 
@@ -290,7 +290,7 @@ class Reader:
 
     # -- figures ----------------------------------------------------------
 
-    def _new_stats(self) -> KVStats:
+    def new_stats(self) -> KVStats:
         return KVStats(
             policy=self.policy.name,
             budget_tokens=self.sizing.budget,

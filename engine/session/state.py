@@ -339,7 +339,6 @@ def _restore(session: Session, state: SavedState) -> None:
         turns.document = (int(meta["document_first_id"]), a["document"].tolist())
     turns.copy_ids = np.asarray(a["copy_ids"], dtype=np.int64)
     turns.copy_src = np.asarray(a["copy_src"], dtype=np.int64)
-    stats = reader.stats
-    for name, value in meta["stats"].items():
-        setattr(stats, name, value)
+    stats = reader.stats  # this request's reading and writing start at 0
+    stats.evictions, stats.cells_peak = meta["stats"]["evictions"], meta["stats"]["cells_peak"]
     reader.sync_stats()

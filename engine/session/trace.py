@@ -160,6 +160,22 @@ class TokenTrace:
         self.segments.append(Segment(name, text, self.n_ids, char_starts, char_ends))
         self._grow()
 
+    def truncate(self, n_ids: int) -> None:
+        """Forget the sources of ids ``n_ids`` and after (a question that was added
+        but never read: a saved read restored for another question)."""
+        kept = []
+        for seg in self.segments:
+            if seg.first_id >= n_ids:
+                break
+            if seg.first_id + seg.n_tokens > n_ids:
+                keep = n_ids - seg.first_id
+                seg = dataclasses.replace(
+                    seg, char_starts=seg.char_starts[:keep], char_ends=seg.char_ends[:keep]
+                )
+                seg.text = seg.text[: int(seg.char_ends[-1]) if keep else 0]
+            kept.append(seg)
+        self.segments = kept
+
     def start_answer(self, name: str = "answer") -> None:
         self._answer = []
         self.segments.append(
