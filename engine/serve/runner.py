@@ -191,12 +191,14 @@ class EngineRunner:
     def _job_events(self, job: Job, session: Session) -> Iterator[Event]:
         """The job's events: its text read, or the read of the same text kept from an
         earlier request (a sequence parked in the pool, or a saved read in RAM)."""
-        spec, question = job.spec, self.engine.model.detokenize(job.tail)
+        spec = job.spec
         gen = {"max_tokens": spec.max_tokens, "sampling": spec.sampling, "stops": spec.stops or ()}
+        if self._text_key(job) is None:  # a short text: reading it costs little
+            return session.run_tokens(job.head, job.tail, **gen)  # type: ignore[arg-type]
+        question = self.engine.model.detokenize(job.tail)  # what recall looks for
         if self.pool is None:
-            return self.prefixes.run(
-                session, spec, job.head, job.tail, question, None, gen["stops"]
-            )
+            stops = gen["stops"]
+            return self.prefixes.run(session, spec, job.head, job.tail, question, None, stops)
         if job.reuse is not None:
             session.rewind(job.reuse.first)
             session.stats.cached_tokens = job.reuse.text_tokens
