@@ -271,8 +271,10 @@ def test_metrics_show_each_running_request_in_the_pool(server, client):
     assert 'kvtrim_sequence_evictions{seq="' in seen and "kvtrim_pool_active_sequences 1.0" in seen
     time.sleep(0.5)
     after = httpx.get(f"{server}/metrics", headers=_auth()).text
-    assert "kvtrim_sequence_share_cells{" not in after  # it left: its sequence is free
+    assert "kvtrim_sequence_share_cells{" not in after  # it left: no longer running
     assert "kvtrim_pool_active_sequences 0.0" in after
+    kept = [ln for ln in after.splitlines() if ln.startswith("kvtrim_pool_kept_sequences ")]
+    assert kept and float(kept[0].split()[1]) >= 1  # kept with its text for a next request
     assert "kvtrim_request_share_ratio_count" in after
 
 

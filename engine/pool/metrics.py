@@ -44,9 +44,11 @@ def snapshot(
     scheduler: Scheduler,
 ) -> dict[str, object]:
     """The pool (its ``rule``, context and ``kv_layout``; the scheduler's counts) and
-    each running sequence of ``slots``, by id."""
+    each running sequence of ``slots``, by id; ``kept``: sequences kept idle with the
+    text they read for a next request (``Slot.kept``, serve/runner.py)."""
     now = time.time()
-    running = sorted(slots, key=lambda s: s.seq)
+    held = sorted(slots, key=lambda s: s.seq)
+    running = [s for s in held if not s.kept]
     seqs = [sequence(s, rule.cells, now) for s in running]
     steps, tokens = scheduler.steps, scheduler.tokens
     return {
@@ -55,8 +57,9 @@ def snapshot(
         "max_seqs": max_seqs,
         "share_rule": rule.share,
         "layout": rule.layout,
-        "reserved_cells": sum(s.n_ctx for s in running),
+        "reserved_cells": sum(s.n_ctx for s in held),
         "active": len(seqs),
+        "kept": len(held) - len(running),
         "peak_seqs": peak_seqs,
         "peak_cells": scheduler.peak_cells,
         "steps": steps,

@@ -55,6 +55,7 @@ class Slot:
         self.n_batch = ctx.n_batch
         self.swa_cells = ctx.swa_cells // ctx.n_seq_max
         self.label = label
+        self.kept = False  # idle, kept with the text it read for a next request
         self.cancel_event = threading.Event()
         self.stats: KVStats | None = None  # the session's, for /metrics
         self.started = time.time()

@@ -77,6 +77,11 @@ class Metrics:
         self.pool_reserved = Gauge(
             "kvtrim_pool_reserved_cells", "KV cells promised to running requests", registry=r
         )
+        self.pool_kept = Gauge(
+            "kvtrim_pool_kept_sequences",
+            "Finished requests' sequences kept with their text for a next request",
+            registry=r,
+        )
         self.pool_active = Gauge(
             "kvtrim_pool_active_sequences", "Requests running in the pool", registry=r
         )
@@ -115,6 +120,7 @@ class Metrics:
         self.pool_cells_gauge.set(snapshot["cells"])
         self.pool_reserved.set(snapshot["reserved_cells"])
         self.pool_active.set(snapshot["active"])
+        self.pool_kept.set(snapshot.get("kept", 0))
         self.pool_batch.set(snapshot["mean_batch_tokens"])
         self.pool_steps.set(snapshot["steps"])
         per_seq = (

@@ -253,6 +253,7 @@ class EngineRunner:
         # the text's ids are 0.. len(head) - 1: a continued request's question and
         # answer came after, and go with the next rewind to the same id
         parked = _Parked(session, len(job.head), len(job.head))
+        session.ctx.kept = True  # type: ignore[attr-defined]  # a pool Slot
         with self._lock:
             old = self._parked.pop(key, None)
             self._parked[key] = parked
@@ -263,7 +264,10 @@ class EngineRunner:
     def _unpark(self, job: Job) -> _Parked | None:
         key = self._text_key(job)
         with self._lock:
-            return self._parked.pop(key, None) if key is not None else None
+            parked = self._parked.pop(key, None) if key is not None else None
+        if parked is not None:
+            parked.session.ctx.kept = False  # type: ignore[attr-defined]
+        return parked
 
     def _reclaim(self) -> bool:
         """Free the least recently parked sequence (the pool needs room); False when
