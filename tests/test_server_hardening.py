@@ -209,7 +209,7 @@ def test_kv_budget_is_capped_by_the_server(server):
         ('"top_p": 0', "top_p"),
         ('"top_p": 1.5', "top_p"),
         ('"kv_keep_ratio": NaN', "kv_keep_ratio"),
-        ('"max_tokens": 0', "max_tokens"),
+        ('"max_tokens": -1', "max_tokens"),
         ('"max_tokens": 1000000000', "max_tokens"),
     ],
 )
