@@ -128,16 +128,24 @@ class KVCache:
         self.next_lpos = int(target[-1]) + 1 if len(target) else 0
         self.compactions += 1
 
-    def rebind(self, ctx: SequenceContext) -> None:
-        """Follow the sequence into ``ctx``, a larger context it was restored into:
-        llama.cpp's state restore writes the saved cells, in their old cell order,
-        to cells 0..n-1 of the empty cache."""
+    def rebind(self, ctx: SequenceContext, *, track_cells: bool | None = None) -> None:
+        """Follow the sequence into ``ctx``, a context it was restored into: llama.cpp's
+        state restore writes the saved cells, in their old cell order, to cells 0..n-1
+        of the empty cache. ``track_cells`` turns the cell map on (its order: the
+        positions', for a sequence nothing was removed from the middle of) or off."""
         self.ctx = ctx
+        if track_cells is False:
+            self.cells = None
+            return
         if self.cells is not None:
             old = self.cells.pos
             held = old[old != EMPTY]
-            self.cells = CellMap(ctx.n_cells)
-            self.cells.pos[: len(held)] = held
+        elif track_cells:
+            held = np.sort(self.lpos)
+        else:
+            return
+        self.cells = CellMap(ctx.n_cells)
+        self.cells.pos[: len(held)] = held
 
     def cell_columns(self) -> np.ndarray:
         """Cell of each held token, in id order (needs cell tracking)."""

@@ -24,6 +24,8 @@ from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
 
 SEQ = 0
+ABORT_FROM_TOKENS = 8  # decodes of more tokens than this can be stopped inside llama.cpp
+_NO_ABORT = llama_cpp.ggml_abort_callback(0)  # a NULL callback
 
 
 def _context_params(
@@ -124,6 +126,7 @@ class NativeContext:
         }
         self.n_seq_max = n_seq_max
         self.capture = capture
+        self.attention = capture  # the capture a context resized with it gets back
         self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
         params = _context_params(
             n_ctx,
@@ -139,6 +142,7 @@ class NativeContext:
             abort_callback=self._abort_cb,
         )
         self._ctx = _open(model, params, n_ctx)
+        self._abort_on = True
         self.n_ctx = self._ctx.n_ctx()
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.kv_unified = kv_unified
@@ -206,6 +210,7 @@ class NativeContext:
             b.logits[i] = out
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
+        self._watch_abort(n > ABORT_FROM_TOKENS)
         if segments:
             if self.capture is None:
                 raise EngineError("this context was made without attention capture")
@@ -224,6 +229,16 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
+
+    def _watch_abort(self, on: bool) -> None:
+        """llama.cpp asks the abort callback between graph nodes (about 450 times a
+        decode of this model, a Python call each); a one-token step is over in
+        milliseconds and a cancel is checked before it, so only longer decodes (a
+        prefill chunk: seconds) carry the callback."""
+        if on != self._abort_on:
+            cb = self._abort_cb if on else _NO_ABORT
+            llama_cpp.llama_set_abort_callback(self._ctx.ctx, cb, None)
+            self._abort_on = on
 
     def busy(self) -> contextlib.AbstractContextManager[object]:
         """Held around a session's CPU work between decodes; alone, nothing to share."""
@@ -278,10 +293,15 @@ class NativeContext:
         self._check_seq(seq)
         return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, seq))
 
-    def resized(self, n_ctx: int) -> NativeContext:
+    def resized(self, n_ctx: int, *, capture: bool = True) -> NativeContext:
         """A new, empty context of ``n_ctx`` cells with the same settings (and the same
-        cancel event, so a cancel during the swap is not lost)."""
-        return NativeContext(self.model, n_ctx=n_ctx, **self.settings)  # type: ignore[arg-type]
+        cancel event, so a cancel during the swap is not lost); ``capture=False``:
+        without the eval callback (no attention to read: llama.cpp then reuses its
+        graphs and calls no Python per graph node)."""
+        settings = {**self.settings, "capture": self.attention if capture else None}
+        new = NativeContext(self.model, n_ctx=n_ctx, **settings)  # type: ignore[arg-type]
+        new.attention = self.attention
+        return new
 
     def save_seq(self) -> bytes:
         """The sequence's cells (positions, K and V) as llama.cpp serializes them.

@@ -184,6 +184,7 @@ class Session:
         if not self.can_follow_up:
             raise ConfigError("nothing to follow up: ask or summarize first")
         self.ctx.cancel_event.clear()
+        self.reader.capture(True)  # a turn may evict
         return self.turns.turn(
             question,
             answer_prefix=answer_prefix,
@@ -207,6 +208,7 @@ class Session:
         if not self.cache.n_used:
             raise ConfigError("nothing read to ask about: restore or read a text first")
         self.ctx.cancel_event.clear()
+        self.reader.capture(True)
         gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": stops}
         return self.turns.reask(tail, question, **gen)
 
@@ -277,7 +279,11 @@ class Session:
     ) -> Iterator[Event]:
         self.reset()
         r = self.reader
-        r.reserve(len(head) + len(tail) + max_tokens, shrink=True)
+        n_tokens = len(head) + len(tail) + max_tokens
+        # a job that fits whole never evicts: no attention to read, unless the policy
+        # keeps every query's (H2O's history would miss this read)
+        r.capture(n_tokens > self.capacity or self.policy.query_rows is None)
+        r.reserve(n_tokens, shrink=True)
         r.t0 = time.perf_counter()
         for name, text, tokens in sources or [("prompt", None, head), ("question", None, tail)]:
             if name == "document" and tokens:
@@ -300,10 +306,12 @@ class Session:
         every: bool = False,
     ) -> Iterator[Event]:
         """Append ``tokens`` in chunks, evicting as needed (see ``Reader.feed``)."""
+        self.reader.capture(True)
         return self.reader.feed(tokens, observe=observe, logits=logits, every=every)
 
     def teacher_force(self, tokens: Sequence[int]) -> Iterator[np.ndarray]:
         """The logits of every position of ``tokens`` (see ``Reader.teacher_force``)."""
+        self.reader.capture(True)
         return self.reader.teacher_force(tokens)
 
     def generate(

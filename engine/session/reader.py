@@ -48,7 +48,6 @@ class Reader:
         self.kv_layout = kv_layout
         self.kv_type = kv_type
         self.max_position = config.max_position or model.info.n_ctx_train
-        self.reads_attention = policy.needs_attention
         self.cache = KVCache(ctx, track_cells=self.reads_attention)
         self.stats = self.new_stats()
         self.trace = self._new_trace()
@@ -68,6 +67,22 @@ class Reader:
         self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits = None
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether decodes read attention now: the policy needs it and the context
+        captures it (a lone session reads a job that fits whole without: see
+        ``capture``)."""
+        return self.policy.needs_attention and getattr(self.ctx, "capture", True) is not None
+
+    def capture(self, on: bool) -> None:
+        """Read attention from now on, or not (a lone session's job that fits whole
+        never evicts: without the capture llama.cpp reuses its graphs and calls no
+        Python per graph node). Turned on with tokens held, the sequence moves to a
+        capturing context; nothing was removed from the middle while it was off, so
+        its cells hold its positions in order (``KVCache.rebind``)."""
+        if self.policy.needs_attention and self.sizing.grows and on != self.reads_attention:
+            self._move(self.ctx.n_ctx, on)
 
     def answering(self, stops: tuple[str, ...]) -> None:
         """An answer begins (with ``stops``): the "answer" checkpoint."""
@@ -149,16 +164,16 @@ class Reader:
         pos0 = self.cache.next_lpos
         if not self.reads_attention:
             self.ctx.decode(tokens, pos0, logits=logits, every=every)
-            self.cache.appended(n, self._edges(tokens))
+            self.cache.appended(n, _edges(self.model, self.config, tokens))
         else:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
             got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
             assert self.cache.cells is not None and got.visible is not None
             with self.ctx.busy():
                 self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
-                self.cache.appended(n, self._edges(tokens))
+                self.cache.appended(n, _edges(self.model, self.config, tokens))
                 if got.attn is not None:
-                    self.policy.observe(self._observation(got.attn))
+                    self.policy.observe(_observation(self.cache, got.attn))
         if every:
             self.rows = self.ctx.logits_rows(n)
             self.logits = self.rows[-1]
@@ -182,11 +197,6 @@ class Reader:
         assert got is not None
         self.stats.capture_s += got.seconds
         return got
-
-    def _edges(self, tokens: Sequence[int]) -> list[tuple[bool, bool, bool]] | None:
-        if not self.config.whole_words:
-            return None
-        return [self.model.word_edges(t) for t in tokens]
 
     # -- eviction ---------------------------------------------------------
 
@@ -223,12 +233,6 @@ class Reader:
         if gap is not None:
             self.cache.compact(gap)
 
-    def _observation(self, attn: np.ndarray) -> Observation:
-        cols = self.cache.cell_columns()
-        if len(cols) and cols.max() >= attn.shape[1]:
-            attn = np.pad(attn, ((0, 0), (0, int(cols.max()) + 1 - attn.shape[1])))
-        return Observation(self.cache.ids.copy(), attn[:, cols])
-
     def _observe_question(self, window: list[int]) -> Observation:
         """Decode the question after the held text, read its rows, remove it again."""
         assert self.reads_attention
@@ -246,7 +250,7 @@ class Reader:
             self.cache.drop_scratch()
         width = max(r.shape[1] for r in rows)
         attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
-        return self._observation(attn)
+        return _observation(self.cache, attn)
 
     # -- the context's size -----------------------------------------------
 
@@ -264,17 +268,21 @@ class Reader:
     def _resize(self, n_ctx: int) -> None:
         """Move the sequence into a new context of ``n_ctx`` cells (llama.cpp cannot
         resize a cache in place); the cells keep their order (see KVCache.rebind)."""
+        self._move(n_ctx, self.reads_attention)
+
+    def _move(self, n_ctx: int, capture: bool) -> None:
+        """The sequence into a new context of ``n_ctx`` cells, reading attention or not."""
         if self.cache.shift_pending:
             self.apply_shifts()
-        new = self.ctx.resized(n_ctx)
+        new = self.ctx.resized(n_ctx, capture=capture)  # type: ignore[attr-defined]
         try:
             if self.cache.n_used:
-                new.load_seq(self.ctx.save_seq())
+                new.load_seq(self.ctx.save_seq())  # type: ignore[attr-defined]
         except BaseException:
             new.close()
             raise
         old, self.ctx = self.ctx, new
-        self.cache.rebind(new)
+        self.cache.rebind(new, track_cells=capture and self.policy.needs_attention)
         old.close()
         self.stats.n_ctx = new.n_ctx
         self.stats.swa_cells = new.swa_cells
@@ -329,3 +337,20 @@ def _no_room(reserve: int, max_position: int, budget: int) -> str:
         f"budget {budget} leaves no room for a {reserve}-token question; "
         "use a smaller budget or a larger chunk"
     )
+
+
+def _edges(
+    model: Model, config: SessionConfig, tokens: Sequence[int]
+) -> list[tuple[bool, bool, bool]] | None:
+    """Each token's word edges (``Model.word_edges``), for keeping words whole."""
+    if not config.whole_words:
+        return None
+    return [model.word_edges(t) for t in tokens]
+
+
+def _observation(cache: KVCache, attn: np.ndarray) -> Observation:
+    """Attention over cells as attention over the held ids (their cells' columns)."""
+    cols = cache.cell_columns()
+    if len(cols) and cols.max() >= attn.shape[1]:
+        attn = np.pad(attn, ((0, 0), (0, int(cols.max()) + 1 - attn.shape[1])))
+    return Observation(cache.ids.copy(), attn[:, cols])

@@ -264,6 +264,8 @@ def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedStat
     arrays = {"ids": cache.ids, "lpos": cache.lpos, "words": cache.words}
     if cache.cells is not None:
         arrays["cell_positions"] = cache.cells.pos[cache.cells.pos != EMPTY]
+    elif session.policy.needs_attention:  # read without capture: cells in position order
+        arrays["cell_positions"] = np.sort(cache.lpos)
     if reader.logits is not None:
         arrays["logits"] = reader.logits
     if turns.document is not None:
@@ -316,6 +318,7 @@ def _restore(session: Session, state: SavedState) -> None:
     n = len(ids)
     if not (len(lpos) == len(words) == n) or n > session.n_ctx_max:
         raise StateError(f"the saved cache holds {n:,} tokens, more than this budget's cells")
+    reader.capture(True)
     reader.reserve(n, shrink=True)
     if n:
         reader.ctx.load_seq(state.kv)  # type: ignore[attr-defined]
