@@ -347,6 +347,17 @@ def targets(result: dict[str, Any]) -> list[Target]:
 def _notes(result: dict[str, Any]) -> list[str]:
     """What a reader needs to judge the comparison fair."""
     cfg = result["config"]
+    template = (
+        [
+            "- The model file has no chat template: llama-server would fall back to ChatML "
+            "(`<|im_start|>`, which this model never saw), so it gets `--jinja "
+            "--chat-template-file` with kvtrim's plain format (the document, `Question: "
+            "...`, `Answer:`) and both servers get kvtrim's stop strings: the same prompt "
+            "tokens (compare the prompt tokens columns)."
+        ]
+        if cfg.get("chat_template_file")
+        else []
+    )
     return [
         "## How",
         "",
@@ -355,17 +366,38 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "started for each configuration and round and stopped before the other starts "
         "(llama-server first); never both at once. Every figure is the median of "
         f"{cfg['rounds']} round(s).",
-        f"- llama-server: `{cfg['peer_binary']}`, its defaults but `-np`, `-c`, `-t`, `-tb`.",
-        "- Requests through the OpenAI Python SDK, greedy (`temperature 0`); each server "
-        "applies the model's chat template itself.",
-        "- Timings taken on a loaded machine mean nothing; see the command's machine.",
+        f"- llama-server: `{cfg['peer_binary']}`, its defaults but `-np`, `-c`, `-t`, `-tb` "
+        "and `-lv 4` (its log then shows the KV caches it allocates). Its defaults include "
+        "a prompt cache in RAM (`--cache-ram`, 8 GiB) and context checkpoints (one where "
+        "the last user message starts: how its sliding-window cache answers a second "
+        "question without reading the document again); every serve request is a "
+        "passage neither server has seen.",
+        *template,
+        "- Requests through the OpenAI Python SDK, greedy (`temperature 0`). 'same text': "
+        "requests whose continuation is the same on both servers; greedy decoding parts "
+        "where two tokens nearly tie, and the servers batch the prompt differently.",
+        "- KV bytes: llama-server's cache for its whole `-c` context (allocated at start), "
+        "kvtrim's cache of the request (`kv_bytes_held`).",
+        "- Timings taken on a loaded machine mean nothing.",
         "",
+    ]
+
+
+def _color(name: str) -> str:
+    """One color per server and settings in every panel: llama-server gray."""
+    if name == PEER:
+        return "tab:gray"
+    if name.startswith(f"{KVTRIM} full"):
+        return "tab:green"
+    budgets = ("1024", "4096")
+    return ("tab:blue", "tab:orange", "tab:purple")[
+        next((i for i, b in enumerate(budgets) if name.endswith(f" {b}")), 2)
     ]
 
 
 def _plot_serve(ax: Any, result: dict[str, Any]) -> None:
     med = serve_medians(result)
-    for server, color in ((PEER, "tab:gray"), (KVTRIM, "tab:blue")):
+    for server, color in ((PEER, _color(PEER)), (KVTRIM, "tab:blue")):
         for stream, style in ((False, "-o"), (True, "--s")):
             pts = sorted(
                 (c, m["requests_per_s"])
@@ -375,13 +407,15 @@ def _plot_serve(ax: Any, result: dict[str, Any]) -> None:
             if pts:
                 label = f"{server} {'streaming' if stream else 'plain'}"
                 ax.plot(*zip(*pts, strict=True), style, color=color, label=label)
-    ax.set(xlabel="concurrent clients", ylabel="requests/s", title="serve")
+    ax.set_xticks(sorted({c for c, _, _ in med}))
+    ax.set(xlabel="concurrent clients", ylabel="requests/s", title="serve", ylim=(0, None))
     ax.legend(fontsize=7)
 
 
 def _plot_prefill(ax_time: Any, ax_kv: Any, result: dict[str, Any]) -> None:
     med = prefill_medians(result)
-    for name in sorted({n for _, n in med}):
+    lengths = sorted({m["length"] for m in med.values() if m["length"]})
+    for name in sorted({n for _, n in med}, key=lambda n: (n != PEER, n)):
         pts = sorted(
             (m["length"], m["wall_s"], _mb(m["kv_bytes"]))
             for (_, n), m in med.items()
@@ -390,23 +424,26 @@ def _plot_prefill(ax_time: Any, ax_kv: Any, result: dict[str, Any]) -> None:
         if not pts:
             continue
         xs = [p[0] for p in pts]
-        ax_time.plot(xs, [p[1] for p in pts], "-o", label=name)
-        ax_kv.plot(xs, [p[2] for p in pts], "-o", label=name)
+        ax_time.plot(xs, [p[1] for p in pts], "-o", color=_color(name), label=name)
+        ax_kv.plot(xs, [p[2] for p in pts], "-o", color=_color(name), label=name)
     ax_time.set(xlabel="document tokens", ylabel="wall s (read + answer)", title="prefill")
-    ax_kv.set(xlabel="document tokens", ylabel="KV MB", title="KV memory", yscale="log")
+    ax_kv.set(xlabel="document tokens", ylabel="KV MB (each server's own figure)", title="KV")
     for ax in (ax_time, ax_kv):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{n // 1024}K" for n in lengths])
+        ax.minorticks_off()
+        ax.set_ylim(0, None)
         ax.legend(fontsize=7)
 
 
 def _plot_reuse(ax: Any, result: dict[str, Any]) -> None:
     med = reuse_medians(result)
-    names = sorted(med)
+    names = sorted(med, key=lambda n: (n != PEER, n))
     xs = range(len(names))
-    first = [med[n]["ttft_first_s"] or 0 for n in names]
-    second = [med[n]["ttft_second_s"] or 0 for n in names]
-    ax.bar([x - 0.2 for x in xs], first, 0.4, label="first question")
-    ax.bar([x + 0.2 for x in xs], second, 0.4, label="second question")
+    for shift, key, label in ((-0.2, "ttft_first_s", "first"), (0.2, "ttft_second_s", "second")):
+        bars = ax.bar([x + shift for x in xs], [med[n][key] or 0 for n in names], 0.4)
+        bars.set_label(f"{label} question")
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.set_xticks(list(xs), names, fontsize=7)
     ax.set(ylabel="time to first token (s)", title=f"reuse ({_demo(result)})")
     ax.legend(fontsize=7)
