@@ -143,21 +143,33 @@ def load(url: str, prompts: list[str], clients: int, gen: int, stream: bool) -> 
     replies: list[Reply | None] = [None] * len(prompts)
     nxt = iter(range(len(prompts)))
     lock = threading.Lock()
+    stop = threading.Event()  # a failed request or Ctrl+C: no client sends another
 
     def worker() -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 i = next(nxt, None)
             if i is None:
                 return
-            replies[i] = complete(api, prompts[i], gen, stream)
+            try:
+                replies[i] = complete(api, prompts[i], gen, stream)
+            except BaseException:
+                stop.set()
+                raise
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        for f in [pool.submit(worker) for _ in range(clients)]:
-            f.result()
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            futures = [pool.submit(worker) for _ in range(clients)]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                stop.set()
+                raise
+    finally:
+        api.close()
     wall = time.perf_counter() - start
-    api.close()
     done = [r for r in replies if r is not None]
     counts = [figures(r)["completion_tokens"] for r in done]
     return {
