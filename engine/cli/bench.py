@@ -152,7 +152,7 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "help": "only kvtrim serve against llama.cpp's llama-server (built from the "
             "llama.cpp that llama-cpp-python vendors), alternating, same model and threads: "
             "throughput at 1/4/8 clients, reading 8K-64K-token documents, a second question "
-            "about the same document (about an hour on 2 cores; with --quick a few minutes); "
+            "about the same document (1-1.5 hours on 2 cores; with --quick a few minutes); "
             "writes OUT/peer.json, OUT/peer.md, OUT/peer.png and the servers' logs in "
             "OUT/peer-logs",
         },
