@@ -145,11 +145,51 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         },
     ),
     (
+        ("--peer",),
+        {
+            "choices": ("llama-server",),
+            "default": None,
+            "help": "only kvtrim serve against llama.cpp's llama-server (built from the "
+            "llama.cpp that llama-cpp-python vendors), alternating, same model and threads: "
+            "throughput at 1/4/8 clients, reading 8K-64K-token documents, a second question "
+            "about the same document (1-1.5 hours on 2 cores; with --quick a few minutes); "
+            "writes OUT/peer.json, OUT/peer.md, OUT/peer.png and the servers' logs in "
+            "OUT/peer-logs",
+        },
+    ),
+    (
+        ("--peer-binary",),
+        {
+            "type": Path,
+            "default": None,
+            "metavar": "PATH",
+            "help": "with --peer: the llama-server to run (default: build it with "
+            "scripts/peer/build_llama_server.sh, which reuses a build)",
+        },
+    ),
+    (
+        ("--clients",),
+        {
+            "type": lambda s: [int(x) for x in _csv(s)],
+            "default": None,
+            "help": "with --peer: concurrent clients of the serve part (default: 1,4,8)",
+        },
+    ),
+    (
+        ("--rounds",),
+        {
+            "type": int,
+            "default": None,
+            "help": "with --peer: rounds of every configuration (default: 3; --quick 1)",
+        },
+    ),
+    (
         ("--parts",),
         {
             "type": _csv,
             "default": None,
-            "help": "with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
+            "help": "with --peer: which of serve,prefill,reuse; "
+            "with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
             "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
             "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
             "numbers (default: all)",
@@ -391,6 +431,61 @@ def _concurrency(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
 
 
+def _peer_binary(path: Path | None, err: TextIO) -> str:
+    """The llama-server to run: ``path``, or what the build script prints (it builds
+    one, about 15 minutes on 2 cores, or reuses the last build)."""
+    import os
+    import subprocess
+
+    from ..bench.peer_servers import BUILD_SCRIPT
+
+    if path is None:
+        err.write(f"running {BUILD_SCRIPT} (reuses a build)\n")
+        done = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise ConfigError(f"{BUILD_SCRIPT} failed:\n{done.stderr[-2000:]}")
+        lines = done.stdout.strip().splitlines()
+        path = Path(lines[-1]) if lines else None
+        if path is not None and not path.is_absolute():
+            path = BUILD_SCRIPT.parents[2] / path
+    if path is None or not path.is_file() or not os.access(path, os.X_OK):
+        raise ConfigError(f"--peer-binary: {path} is not an executable file")
+    return str(path.resolve())
+
+
+def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
+    from ..bench import peer
+    from ..native.model import default_model_path
+    from ..session.config import default_threads
+
+    cfg = peer.PeerConfig.quick() if args.quick else peer.PeerConfig()
+    if args.parts is not None:
+        cfg.parts = _known_parts(args.parts, peer.PARTS)
+    _override(cfg, args, "clients", "lengths", "rounds", "seed")
+    bad = [n for n in (*cfg.clients, *cfg.lengths, cfg.rounds) if n < 1]
+    if bad:
+        raise ConfigError(f"--clients, --lengths and --rounds must be at least 1, got {bad[0]}")
+    cfg.threads = args.threads or default_threads()
+    cfg.model = str(Path(args.model or default_model_path()).resolve())
+    cfg.peer_binary = _peer_binary(args.peer_binary, err)
+    return cfg
+
+
+def _peer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import importlib.util
+
+    from ..bench import peer, peer_report
+
+    if not args.report_only and importlib.util.find_spec("openai") is None:
+        raise ConfigError(
+            "kvtrim bench --peer sends its requests with the openai package: "
+            "pip install openai (or .[dev])"
+        )
+    return _part(args, out, err, "peer", lambda: _peer_config(args, err), peer, peer_report)
+
+
 def _kv_memory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..bench import kvmem, kvmem_report
 
@@ -415,6 +510,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
     _check_tools()
+    if args.peer:
+        return _peer(args, out, err)
     if args.kv_memory:
         return _kv_memory(args, out, err)
     if args.multiturn:
