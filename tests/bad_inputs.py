@@ -82,8 +82,8 @@ def models(tmp: Path) -> dict[str, tuple[Path, str]]:
     real = default_model_path().read_bytes()[:4_000_000]
     cases = {
         "zero-byte.gguf": (b"", "empty"),
-        "truncated.gguf": (real, "could not load"),
-        "header-only.gguf": (real[:100], "could not load"),
+        "truncated.gguf": (real, "truncated"),
+        "header-only.gguf": (real[:100], "truncated"),
         "text-renamed.gguf": (b"this is a text file, not a model\n" * 10, "not a GGUF"),
     }
     out: dict[str, tuple[Path, str]] = {}
