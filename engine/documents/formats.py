@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..errors import DocumentError
 from . import limits
 from .limits import size_text
+from .pdf_clean import clean_pdf_text
 
 if TYPE_CHECKING:
     from pypdf import PageObject, PdfReader
@@ -128,7 +129,8 @@ def _page_texts(reader: PdfReader, name: str) -> list[str]:
 
 
 def pdf_text(data: bytes, name: str) -> str:
-    """The text layer of a PDF, pages separated by blank lines."""
+    """The text layer of a PDF, pages separated by blank lines, cleaned to read
+    like text (``pdf_clean``: ligatures folded, tabs and space runs squeezed)."""
     from pypdf import PdfReader
     from pypdf.errors import LimitReachedError, PdfReadError
 
@@ -152,7 +154,7 @@ def pdf_text(data: bytes, name: str) -> str:
         ) from None
     except Exception as exc:  # pypdf raises many types on corrupt input
         raise DocumentError(f"{name} is not a readable PDF ({type(exc).__name__})") from None
-    return "\n\n".join(p for p in pages if p)
+    return clean_pdf_text("\n\n".join(p for p in pages if p))
 
 
 def _unpacked_bytes(archive: zipfile.ZipFile, name: str) -> int:
