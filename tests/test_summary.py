@@ -317,3 +317,28 @@ def test_a_summary_covers_several_sections(engine):
     named = [t for t in SECTIONS if t.lower().rstrip("s") in said]
     assert len(named) >= 2, done.text
     assert done.reason in ("stop", "eog", "length", "repetition")
+
+
+# -- the CLI's figures --------------------------------------------------------
+
+
+def test_the_summary_line_and_json_say_why_it_ended():
+    from engine.cli.main import _finished, _parts
+
+    assert _finished({"finish_reason": "length"}) == "finished: length, --max-tokens reached"
+    parts = [{"finish_reason": r} for r in ("stop", "stop", "length", "stop", "repetition")]
+    assert _finished({"finish_reason": "length", "summary_parts": parts}) == (
+        "finished: length, --max-tokens reached (5 parts: 3 stop, 1 length, 1 repetition)"
+    )
+    assert _parts(Done("x", "stop", _stats())) is None  # an answer has no parts
+    s = FakeSession(list(ANSWERS))
+    done = _events(s, markdown(SECTIONS, repeat=8))[-1]
+    rows = _parts(done)
+    assert [r["title"] for r in rows] == list(SECTIONS)
+    assert rows[2] == {
+        "part": 3,
+        "title": "Chess",
+        "finish_reason": "length",
+        "generated_tokens": 3,
+        "text": f"{PART_CUE} chess. The game ends in checkmate.",
+    }
