@@ -74,9 +74,6 @@ class FakeSession:
         self.gen.append(gen)
         return self._answer()
 
-    def reset(self) -> None:
-        self.read = False
-
     def follow_up(self, question, **gen):
         self.calls.append(("follow_up", question))
         self.gen.append(gen)

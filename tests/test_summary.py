@@ -22,7 +22,7 @@ from engine.runtime.summary import (
     summary_reason,
     tidy,
 )
-from engine.session.prompts import PART_CUE, Prompt, part_summary_prompt
+from engine.session.prompts import PART_CUE, Prompt, overview_prompt, part_summary_prompt
 from engine.stats import Done, Evicted, KVStats, Progress, Token
 
 SECTIONS = {
@@ -143,7 +143,9 @@ def test_tidy_joins_lines_drops_repeats_and_the_unfinished():
     want = "This section describes the vimrc file. It is used to set-up Vim."
     assert tidy(raw, seen, finished=False) == want
     again = "This section describes plugins. It is used to set-up Vim! Fourth. Fifth. Sixth."
-    assert tidy(again, seen) == "This section describes plugins. Fourth. Fifth."
+    assert tidy(again, seen) == "This section describes plugins. Fourth."
+    hanging = "This section describes plugins. It is a good place to start."
+    assert tidy(hanging, seen) == "", "the first said before: the rest hangs on it"
     assert tidy("This section describes the following:", set()) == ""  # nothing follows
     assert tidy("This section describes bread, ", set()) == "This section describes bread."
     assert tidy("This section describes bread", set(), finished=False) == ""  # cut short
@@ -203,6 +205,18 @@ def test_part_prompt_for_an_instruction_model():
     assert p.stops == ("<end_of_turn>",)
 
 
+def test_overview_prompt_asks_about_the_whole_with_the_summaries():
+    p = overview_prompt(_model(), "THE DOC", ["This section describes A.", "B."])
+    assert p.document == "THE DOC" and p.prefix == "" and p.stops == ("\n\n",)
+    assert p.suffix == (
+        "\n\nSummaries of its sections:\n- This section describes A.\n- B.\n\n"
+        "Overall, the document describes"
+    )
+    t = overview_prompt(_model(GEMMA_IT), "THE DOC", ["A."])
+    assert "Summaries of its sections:\n- A.\n\nSummarize the whole document" in t.suffix
+    assert t.suffix.endswith("<start_of_turn>model\nOverall, the document describes")
+
+
 # -- the summarizer, with a fake session --------------------------------------
 
 
@@ -215,7 +229,6 @@ class FakeSession:
         self.answers = list(answers)
         self.prompts: list[Prompt] = []
         self.gen: list[dict] = []
-        self.resets = 0
 
     def run(self, prompt: Prompt, **gen):
         self.prompts.append(prompt)
@@ -228,20 +241,17 @@ class FakeSession:
         yield Token(7, text, _stats(prompt_tokens=n + 10, generated_tokens=3))
         yield Done(text, reason, _stats(prompt_tokens=n + 10, generated_tokens=3, tokens_seen=n))
 
-    def reset(self) -> None:
-        self.resets += 1
-
 
 ANSWERS = [
     ("bees and their hive. They make honey.", "stop"),
-    ("bees and their hive. Ash grounds aircraft.", "stop"),  # a sentence said before
+    ("bees and their hive. Ash grounds aircraft.", "stop"),  # said before: dropped
     ("chess. The game ends in checkmate. And then", "length"),  # unfinished: dropped
     ("bread and the oven", "stop"),  # ended by the stop: kept, with a full stop
 ]
 
 
-def _events(session: FakeSession, text: str, **options) -> list:
-    return list(Summarizer(session, max_tokens=16, **options).events(text, forget=True))
+def _events(session: FakeSession, text: str, settle: bool = False, **options) -> list:
+    return list(Summarizer(session, max_tokens=16, **options).events(text, settle=settle))
 
 
 def test_each_part_is_read_alone_and_summarized_in_order():
@@ -254,15 +264,15 @@ def test_each_part_is_read_alone_and_summarized_in_order():
     tokens = [e.text for e in events if isinstance(e, Token)]
     assert tokens == [
         f"{PART_CUE} bees and their hive. They make honey.",
-        "\n\nAsh grounds aircraft.",
         f"\n\n{PART_CUE} chess. The game ends in checkmate.",
         f"\n\n{PART_CUE} bread and the oven.",
     ]
     done = events[-1]
     assert isinstance(done, SummaryDone) and done.text == "".join(tokens)
     assert done.reason == "length" and [p.reason for p in done.parts][2] == "length"
+    assert done.parts[1].text == "" and done.parts[1].generated == ANSWERS[1][0]
     assert [p.title for p in done.parts] == list(SECTIONS)
-    assert s.resets == 1, "several parts: nothing left to follow up"
+    assert done.overview is None and len(s.prompts) == 4  # nothing to settle
 
 
 def test_progress_runs_over_the_whole_document_and_figures_add_up():
@@ -281,10 +291,31 @@ def test_progress_runs_over_the_whole_document_and_figures_add_up():
     assert stats.first_token_s is not None
 
 
-def test_a_short_document_is_one_part_and_stays_to_follow_up():
+def test_settled_the_whole_document_is_read_last_with_the_summaries_as_question():
+    text = markdown(SECTIONS, repeat=8)
+    overview = ("bees, volcanoes, chess and bread. It is a good place to start.", "stop")
+    s = FakeSession([*ANSWERS, overview])
+    events = _events(s, text, settle=True)
+    last = s.prompts[-1]
+    assert len(s.prompts) == 5 and last.document == text
+    assert "Summaries of its sections:\n- This section describes bees" in last.suffix
+    assert last.suffix.endswith("\n\nOverall, the document describes")
+    assert s.gen[-1]["max_tokens"] == 16  # min(max_tokens, OVERVIEW_TOKENS)
+    done = events[-1]
+    assert done.text.endswith(
+        "\n\nOverall, the document describes bees, volcanoes, chess and bread."
+    )
+    assert done.overview.reason == "stop" and len(done.parts) == 4
+    progress = [e for e in events if isinstance(e, Progress)]
+    words = sum(len(p.document.split()) for p in s.prompts)
+    assert progress[-1].done == progress[-1].total == words + 50
+    assert [e.done for e in progress] == sorted(e.done for e in progress)
+
+
+def test_a_short_document_is_one_part_and_needs_no_settling():
     s = FakeSession([("a short note about bees.", "eog")], capacity=5000)
-    events = _events(s, "Bees make honey. " * 20)
-    assert len(s.prompts) == 1 and s.resets == 0
+    events = _events(s, "Bees make honey. " * 20, settle=True)
+    assert len(s.prompts) == 1
     assert events[-1].text == f"{PART_CUE} a short note about bees."
     assert events[-1].reason == "eog"
 
@@ -303,7 +334,7 @@ def test_the_answer_prefix_starts_the_first_part_and_stops_replace_the_prompts()
 
 @pytest.mark.slow
 def test_a_summary_covers_several_sections(engine):
-    """The real model: a document of four sections (some 1,300 tokens, read in a
+    """The real model: a document of four sections (570 tokens; three parts in a
     budget of 256) gives several sentences that name more than one section."""
     from engine.runtime.spec import RequestSpec
 

@@ -43,9 +43,9 @@ def turn_events(
 ) -> tuple[bool, Iterator[Event]]:
     """The one rule of a conversation's turn: a session that holds the document
     (``can_follow_up``) continues it with a follow-up; any other reads the document
-    and asks ``question`` or, for None, summarizes it part by part (summary.py; a
-    summary of several parts leaves nothing to follow up, so the next question reads
-    the document again). Returns whether the document is read, and the events.
+    and asks ``question`` or, for None, summarizes it part by part (summary.py,
+    settled: the cache then holds the whole document for follow-ups). Returns
+    whether the document is read, and the events.
     ``answer_prefix`` applies to questions only."""
     prefix = answer_prefix if question else ""
     if session.can_follow_up:
@@ -53,7 +53,7 @@ def turn_events(
         return False, session.follow_up(instruction, answer_prefix=prefix, stops=stops or (), **gen)
     if question is None:
         summary = Summarizer(session, system=system, stops=stops, **gen)
-        return True, summary.events(document, forget=True)
+        return True, summary.events(document, settle=True)
     return True, session.ask(
         document, question, answer_prefix=prefix, system=system, stops=stops, **gen
     )

@@ -8,18 +8,21 @@ the cache still held. Here the document is cut into parts at its seams
 (``budget + chunk`` cells, less the prompt and the answer), at most ``max_parts``;
 past that a part is read with eviction like any document. Each part is read
 afresh (``Session.run``: the cache never holds more than one part) and summarized
-in a few sentences after "This section describes" (``prompts.part_summary_prompt``); those
-are tidied (lines joined, a sentence cut short or said before dropped, at most
+after "This section describes" (``prompts.part_summary_prompt``); that is tidied
+(lines joined; a sentence cut short, looping or said before dropped; at most
 ``PART_SENTENCES``) and the summary is the parts' paragraphs in order.
 
-Events: ``Progress`` over the whole document, each part's paragraph as one
+Events: ``Progress`` over the whole summary's reading, each part's paragraph as one
 ``Token`` when it is done, and a ``SummaryDone`` with every part's finish reason.
 Figures are the whole summary's: tokens read, generated and evicted are summed
-over the parts, cells and KV memory are the largest any part held. Sizes in tokens.
+over the reads, cells and KV memory are the largest any read held. Sizes in tokens.
 
-A summary of more than one part leaves the session emptied (``Session.reset``): its
-cache held the last part only, so a follow-up reads the document again with its
-question (``chat.turn_events``) instead of answering from that part.
+After such a summary the cache holds the last part only. Where a conversation
+goes on (the app, ``kvtrim chat``: ``settle``), the whole document is read once
+more, with the parts' summaries as the question that votes at every eviction,
+and a sentence on the whole document ends the summary ("Overall, the document
+describes ..."); follow-ups then continue a cache of the whole document, and
+recall evicted passages of all of it, as after a single read.
 """
 
 from __future__ import annotations
@@ -28,19 +31,26 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..documents.parts import Part, split_parts
 from ..session.core import Session
-from ..session.prompts import PART_CUE, part_summary_prompt
+from ..session.prompts import (
+    OVERVIEW_CUE,
+    PART_CUE,
+    Prompt,
+    overview_prompt,
+    part_summary_prompt,
+)
 from ..session.sampling import Sampling
 from ..stats import Done, Event, Evicted, KVStats, Progress, Token
 
 MAX_PARTS = 8  # parts a summary has at most: some 8-24 sentences
-PART_SENTENCES = 3  # sentences kept of each part's summary
+PART_SENTENCES = 2  # sentences kept of each part's summary: past two, mostly filler
 FRAME_TOKENS = 48  # the part prompt's own tokens, with room to spare
 MIN_PART_TOKENS = 256
+OVERVIEW_TOKENS = 64  # the sentence on the whole document, at most
 
 
 @dataclass(frozen=True)
@@ -58,9 +68,11 @@ class PartSummary:
 @dataclass(frozen=True)
 class SummaryDone(Done):
     """The summary's end: ``text`` is every part's paragraph, ``reason`` the
-    summary's (``summary_reason``), ``parts`` each part's own."""
+    summary's (``summary_reason``), ``parts`` each part's own, ``overview`` the
+    sentence on the whole document when it was settled (``Summarizer.events``)."""
 
     parts: tuple[PartSummary, ...] = ()
+    overview: PartSummary | None = None
 
 
 def part_budget(capacity: int, max_tokens: int) -> int:
@@ -102,7 +114,8 @@ def sentences(text: str) -> list[str]:
 def tidy(text: str, seen: set[str], *, finished: bool = True, limit: int = PART_SENTENCES) -> str:
     """The first ``limit`` sentences of ``text`` worth keeping: not said before
     (``seen``: their keys, updated), not looping ("the model's layers, the model's
-    layers, ..."), not announcing what never comes ("... the following:"). An
+    layers, ..."), not announcing what never comes ("... the following:"); none
+    when the first is not worth it (the others say "It is ..." of it). An
     unfinished last sentence is kept (with a full stop) only when the generation
     ended on its own (``finished``: a stop string or the model's end), not when
     ``--max-tokens`` or the loop guard cut it."""
@@ -115,6 +128,8 @@ def tidy(text: str, seen: set[str], *, finished: bool = True, limit: int = PART_
     for sentence in found:
         key = _KEY.sub(" ", sentence.lower()).strip()
         if not key or key in seen or sentence.endswith(":") or looping(sentence):
+            if not kept:
+                break  # the first said nothing new: the rest hangs on it ("It is ...")
             continue
         seen.add(key)
         kept.append(sentence)
@@ -181,80 +196,114 @@ class Summarizer:
 
     def plan(self, document: str) -> tuple[list[Part], list[int]]:
         """The document's parts and each one's estimated tokens (by its share of the
-        characters), as many parts as ``part_count`` says."""
+        characters, with the prompt's frame), as many parts as ``part_count`` says."""
         n_tokens = len(self.session.model.tokenize(document))
         per_part = part_budget(self.session.capacity, self.max_tokens)
         parts = split_parts(document, part_count(n_tokens, per_part, self.max_parts))
         share = n_tokens / max(len(document), 1)
         return parts, [round((p.end - p.start) * share) + FRAME_TOKENS for p in parts]
 
-    def events(self, document: str, *, forget: bool = False) -> Iterator[Event]:
-        """Read and summarize ``document``; ``forget``: empty the session after a
-        summary of several parts (see the module's docstring)."""
+    def events(self, document: str, *, settle: bool = False) -> Iterator[Event]:
+        """Read and summarize ``document``. ``settle``: after a summary of several
+        parts, read the whole document once more with the parts' summaries as the
+        question and add a sentence on the whole (``prompts.overview_prompt``), so
+        the cache holds the document for follow-ups (the chat's and the app's
+        turns), not the last part; one more read."""
         self.parts, estimates = self.plan(document)
-        start = time.perf_counter()
-        totals: KVStats | None = None
-        results: list[PartSummary] = []
-        seen: set[str] = set()
+        settling = settle and len(self.parts) > 1
+        if settling:
+            estimates.append(sum(estimates))
+        tally = _Tally(time.perf_counter())
+        model = self.session.model
         for i, part in enumerate(self.parts):
-            before, later = (totals.prompt_tokens if totals else 0), sum(estimates[i + 1 :])
-            done: Done | None = None
-            head: int | None = None  # the part's prompt tokens, as its first read tells
-            for event in self._run(part.text(document), self._cue(i)):
-                if isinstance(event, Done):
-                    done = event
-                    continue
-                if isinstance(event, Progress):
-                    head = event.total if head is None else max(head, event.total)
-                if isinstance(event, (Progress, Evicted)):
-                    ahead = (estimates[i] if head is None else head) + later
-                    yield self._remapped(event, totals, before, ahead)
-            assert done is not None
-            totals = merged(totals, done.stats)
-            finished = done.reason in ("stop", "eog")
-            text = tidy(f"{self._cue(i)} {done.text.strip()}", seen, finished=finished)
-            results.append(PartSummary(part.number, part.title, text, done.reason,
-                                       done.stats.generated_tokens, done.text))  # fmt: skip
-            if text and totals.first_token_s is None:
-                totals.first_token_s = time.perf_counter() - start
-            if text:
-                yield Token(-1, self._shown(text, results), totals)
-        assert totals is not None
-        joined = self._shown("\n\n".join(r.text for r in results if r.text), results[:1])
-        reason = summary_reason([r.reason for r in results])
-        try:
-            yield SummaryDone(joined, reason, totals, tuple(results))
-        finally:  # after the caller's look at the cache (the app's memory map)
-            if forget and len(self.parts) > 1:
-                self.session.reset()
+            cue = self._cue(i)
+            prompt = part_summary_prompt(model, part.text(document), cue, self.system)
+            done = yield from self._read(prompt, tally, estimates[i:], self.max_tokens)
+            yield from self._keep(tally, part.number, part.title, cue, done)
+        if settling:
+            kept = [r.text for r in tally.results if r.text]
+            prompt = overview_prompt(model, document, kept, system=self.system)
+            limit = min(self.max_tokens, OVERVIEW_TOKENS)
+            done = yield from self._read(prompt, tally, estimates[-1:], limit)
+            yield from self._keep(tally, 0, "", OVERVIEW_CUE, done, limit=1)
+        assert tally.totals is not None
+        text = self._shown("\n\n".join(r.text for r in tally.results if r.text), first=True)
+        reason = summary_reason([r.reason for r in tally.results])
+        parts = tuple(r for r in tally.results if r.number)
+        overview = next((r for r in tally.results if not r.number), None)
+        yield SummaryDone(text, reason, tally.totals, parts, overview)
+
+    def _read(
+        self, prompt: Prompt, tally: _Tally, estimates: list[int], max_tokens: int
+    ) -> Generator[Event, None, Done]:
+        """Run ``prompt`` (a fresh cache), its progress and evictions over the whole
+        summary's figures (``estimates``: this read's tokens and those after it);
+        returns its ``Done``."""
+        stops = list(prompt.stops if self.stops is None else self.stops)
+        events = self.session.run(
+            prompt, max_tokens=max_tokens, sampling=self.sampling, stops=stops
+        )
+        before = tally.totals.prompt_tokens if tally.totals else 0
+        head: int | None = None  # this read's prompt tokens, as its first progress tells
+        done: Done | None = None
+        for event in events:
+            if isinstance(event, Done):
+                done = event
+                continue
+            if isinstance(event, Progress):
+                head = event.total if head is None else max(head, event.total)
+            if isinstance(event, (Progress, Evicted)):
+                ahead = (estimates[0] if head is None else head) + sum(estimates[1:])
+                yield _remapped(event, tally.totals, before, ahead)
+        assert done is not None
+        tally.totals = merged(tally.totals, done.stats)
+        return done
+
+    def _keep(
+        self, tally: _Tally, number: int, title: str, cue: str, done: Done, limit: int = 0
+    ) -> Iterator[Event]:
+        """Tidy what ``done`` wrote after ``cue``, keep it, and show it as a ``Token``."""
+        finished = done.reason in ("stop", "eog")
+        raw = f"{cue} {done.text.strip()}"
+        text = tidy(raw, tally.seen, finished=finished, limit=limit or PART_SENTENCES)
+        generated = done.stats.generated_tokens
+        tally.results.append(PartSummary(number, title, text, done.reason, generated, done.text))
+        if not text:
+            return
+        if tally.totals is not None and tally.totals.first_token_s is None:
+            tally.totals.first_token_s = time.perf_counter() - tally.start
+        first = not any(r.text for r in tally.results[:-1])
+        yield Token(-1, self._shown(text, first=first), tally.totals or done.stats)
 
     def _cue(self, index: int) -> str:
         return self.answer_prefix if index == 0 and self.answer_prefix else PART_CUE
 
-    def _run(self, text: str, cue: str) -> Iterator[Event]:
-        prompt = part_summary_prompt(self.session.model, text, cue, self.system)
-        stops = list(prompt.stops if self.stops is None else self.stops)
-        return self.session.run(
-            prompt, max_tokens=self.max_tokens, sampling=self.sampling, stops=stops
-        )
-
-    def _shown(self, text: str, results: list[PartSummary]) -> str:
+    def _shown(self, text: str, *, first: bool) -> str:
         """``text`` as the reader gets it: after a blank line unless it is the first
         paragraph, which loses ``answer_prefix`` (the caller shows it first)."""
-        if len([r for r in results if r.text]) > 1:
+        if not first:
             return f"\n\n{text}"
         if self.answer_prefix and text.startswith(self.answer_prefix):
             return text[len(self.answer_prefix) :].lstrip()
         return text
 
-    @staticmethod
-    def _remapped(
-        event: Progress | Evicted, totals: KVStats | None, before: int, ahead: int
-    ) -> Event:
-        """A part's event over the whole document: tokens read so far, the figures
-        summed with the parts before."""
-        stats = merged(totals, event.stats)
-        if isinstance(event, Evicted):
-            return Evicted(event.kept, event.removed, stats)
-        done = before + event.stats.prompt_tokens
-        return Progress(done, max(done, before + ahead), stats)
+
+@dataclass
+class _Tally:
+    """One summary's running state: its start (``time.perf_counter``), figures so
+    far, what each part kept and the sentences said."""
+
+    start: float
+    totals: KVStats | None = None
+    results: list[PartSummary] = dataclasses.field(default_factory=list)
+    seen: set[str] = dataclasses.field(default_factory=set)
+
+
+def _remapped(event: Progress | Evicted, totals: KVStats | None, before: int, ahead: int) -> Event:
+    """A read's event over the whole summary: tokens read so far, the figures summed
+    with the reads before (``before`` tokens)."""
+    stats = merged(totals, event.stats)
+    if isinstance(event, Evicted):
+        return Evicted(event.kept, event.removed, stats)
+    done = before + event.stats.prompt_tokens
+    return Progress(done, max(done, before + ahead), stats)

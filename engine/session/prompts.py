@@ -337,6 +337,30 @@ def part_summary_prompt(model: Model, part: str, cue: str = PART_CUE, system: st
     return replace(prompt, suffix=prompt.suffix + _answer_cue(model, cue))
 
 
+OVERVIEW_CUE = "Overall, the document describes"
+
+
+def overview_prompt(
+    model: Model, document: str, summaries: list[str], cue: str = OVERVIEW_CUE, system: str = ""
+) -> Prompt:
+    """The whole document again, then its parts' ``summaries`` as the question (they
+    vote at every eviction) and ``cue``: a sentence on the whole document, after which
+    the cache holds the document for follow-ups (runtime/summary.py)."""
+    listing = "\n".join(f"- {s}" for s in summaries)
+    sections = f"\n\nSummaries of its sections:\n{listing}"
+    prompt = _split(
+        model,
+        "Read the document and the summaries of its sections after it.\n\n<document>\n",
+        f"\n</document>{sections}\n\nSummarize the whole document in one sentence.",
+        ("", f"{sections}\n\n{cue}", ("\n\n",)),
+        document,
+        system,
+    )
+    if not model.info.chat_template:
+        return prompt  # the cue ends the plain suffix, without _answer_cue's space
+    return replace(prompt, suffix=prompt.suffix + _answer_cue(model, cue))
+
+
 EXCERPT_INTRO = "From the document:"
 EXCERPT_GAP = "\n…\n"  # between two excerpts; the session inserts their tokens
 
