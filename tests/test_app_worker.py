@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,7 @@ class FakeSession:
         self.stop = threading.Event()
         self.calls: list[tuple[str, str]] = []  # (method, text read)
         self.gen: list[dict] = []  # the options of each call
+        self.prompts: list = []  # the prompts of each run
         self.closed = False
         self.read = False  # a first read finished: follow-ups continue it
 
@@ -58,6 +60,18 @@ class FakeSession:
     def summarize(self, document, **gen):
         self.stop.clear()
         self.calls.append(("summarize", document))
+        self.gen.append(gen)
+        return self._answer()
+
+    # what a summary part by part uses (engine/runtime/summary.py)
+    model = SimpleNamespace(
+        tokenize=str.split, info=SimpleNamespace(chat_template=None), add_bos=True
+    )
+    capacity = 1280  # cells: a short document is one part
+
+    def run(self, prompt, **gen):
+        self.calls.append(("run", prompt.document))
+        self.prompts.append(prompt)
         self.gen.append(gen)
         return self._answer()
 

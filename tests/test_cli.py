@@ -73,6 +73,8 @@ def test_ask_json_has_every_figure(notes):
     assert result["evicted_tokens"] > 0
     assert result["model"] == "Gemma 3 270m"
     assert result["gpu"].startswith("no NVIDIA GPU")
+    assert result["finish_reason"] in ("stop", "eog", "length", "repetition")
+    assert result["summary_parts"] is None  # an answer, not a summary
 
 
 @pytest.mark.slow
@@ -83,6 +85,7 @@ def test_summarize_prints_answer_and_summary_line(notes):
     assert code == 0, err
     assert out.strip()
     assert err.count("\n") == 1 and "[h2o budget=256]" in err and "tok/s" in err
+    assert "finished: " in err  # why it ended (issue 22)
 
 
 @pytest.mark.slow

@@ -61,7 +61,10 @@ ELSEWHERE |= {"threads", "parallel"}  # --parallel: test_parallel_summaries_use_
 class FakeSession:
     def __init__(self, log: dict[str, Any], policy: str, budget: int) -> None:
         self.log, self.policy, self.budget = log, policy, budget
-        self.model = SimpleNamespace(info=SimpleNamespace(chat_template=None), add_bos=True)
+        self.model = SimpleNamespace(
+            info=SimpleNamespace(chat_template=None), add_bos=True, tokenize=str.split
+        )
+        self.capacity = budget + budget // 4  # a summary's parts (summary.py)
 
     def __enter__(self) -> FakeSession:
         return self
@@ -157,21 +160,22 @@ def test_summarize_out_passes_every_option_to_every_file(log, docs, tmp_path):
         assert (session, run) == single[1:]  # the same settings as a single file
     assert session == ("h2o", 512, SESSION)
     kind, suffix, gen = run
-    assert kind == "run" and suffix.endswith("In summary, In short,") and gen == GENERATION
+    assert kind == "run" and suffix.endswith("Summary: In short,") and gen == GENERATION
     summary = (out_dir / "a.txt.md").read_text()
     assert summary.startswith("# a.txt\n\nIn short, a summary.\n") and "h2o, budget 512" in summary
 
 
 def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
     code, out, _ = _main("summarize", str(docs[0]), "--json")
-    assert code == 0 and json.loads(out)["answer"] == "a summary."
+    assert code == 0 and json.loads(out)["answer"] == "This section describes a summary."
     batch = ("summarize", *map(str, docs), "--out", str(tmp_path / "o"), "--parallel", "1")
     assert _main(*batch)[0] == 0
     defaults = RequestSpec(kv_type="f16", swa_cache="window")  # the CLI's defaults
     for policy, budget, kw in log["sessions"]:
         assert (policy, budget, kw) == ("snapkv", 1024, _session(defaults))
-    for kind, _, gen in log["runs"]:
-        assert kind == "summarize" and gen == defaults.generation()
+    for kind, suffix, gen in log["runs"]:  # a summary of one part, its prompt's stops
+        assert kind == "run" and suffix.endswith("Summary: This section describes")
+        assert gen == defaults.generation() | {"stops": ["\n\n"]}
     assert len(log["runs"]) == 3
 
 

@@ -26,9 +26,12 @@ LIGATURE_CHARACTERS = "".join(chr(code) for code in LIGATURES)
 def qt_pdf(path: Path, paragraphs: list[str], title: str = "Efficient filing") -> Path:
     """A PDF written by Qt (``QTextDocument.print_`` to a ``QPdfWriter``), offscreen."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtGui import QGuiApplication, QPageSize, QPdfWriter, QTextDocument
+    from PySide6.QtGui import QPageSize, QPdfWriter, QTextDocument
+    from PySide6.QtWidgets import QApplication
 
-    app = QGuiApplication.instance() or QGuiApplication([])
+    # a QApplication, not a QGuiApplication: it outlives this test, and the app's
+    # tests that run after it in the same process create widgets (Qt aborts otherwise)
+    app = QApplication.instance() or QApplication([])
     assert app is not None
     writer = QPdfWriter(str(path))
     writer.setPageSize(QPageSize(QPageSize.PageSizeId.A4))

@@ -33,7 +33,7 @@ def test_a_fresh_session_without_a_question_summarizes_without_the_prefix():
     s = FakeSession(1, 0.0)
     reads, events = turn_events(s, "doc", None, answer_prefix="It is")
     _drain(events)
-    assert reads and s.calls == [("summarize", "doc")]
+    assert reads and s.calls == [("run", "doc")]  # a summary of one part (summary.py)
     assert "answer_prefix" not in s.gen[0]
 
 

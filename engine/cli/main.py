@@ -30,6 +30,7 @@ from ..runtime.engine import Engine
 from ..runtime.prefix import PrefixCache
 from ..runtime.spec import RequestSpec
 from ..runtime.states import default_store
+from ..runtime.summary import SummaryDone
 from ..session.core import BOUNDED_GAP, MIN_CHUNK, POSITION_MODES, Session
 from ..session.prompts import ask_prompt, prompt_tokens
 from ..stats import Done, Event, Evicted, Progress, Restored, Token
@@ -102,7 +103,8 @@ def _request_options() -> list[Option]:
         (("--answer-prefix",), {"default": "", "metavar": "TEXT",
             "help": "text the answer starts with (helps base models: 'The pass key is')"}),
         (("--max-tokens",), {"type": types.at_least(1, "tokens"), "default": 128,
-            "metavar": "N", "help": "the longest answer, in tokens (default: 128)"}),
+            "metavar": "N", "help": "the longest answer, in tokens; of a summary, each "
+            "part's (default: 128)"}),
         (("--temperature",), {"type": types.temperature, "default": 0.0,
             "help": "0 is greedy (default)"}),
         (("--top-p",), {"type": types.top_p, "default": 1.0, "help": "in (0, 1] (default: 1)"}),
@@ -221,8 +223,29 @@ def _summary_line(result: dict[str, Any]) -> str:
         f"({result['kv_ratio']:.3f}; {result['kv_bytes_full'] / _MB:.1f} MB swa_full), "
         f"evicted {result['evicted_tokens']}, "
         f"prefill {result['prefill_tokens_per_s']:.0f} tok/s, "
-        f"decode {result['decode_tokens_per_s']:.1f} tok/s"
+        f"decode {result['decode_tokens_per_s']:.1f} tok/s, {_finished(result)}"
     )
+
+
+FINISH_REASONS = {
+    "stop": "at a stop string",
+    "eog": "the model ended it",
+    "length": "--max-tokens reached",
+    "repetition": "it began to repeat itself",
+    "empty": "nothing to summarize",
+}
+
+
+def _finished(result: dict[str, Any]) -> str:
+    """Why the answer ended ("finished: length, --max-tokens reached"); for a summary
+    of several parts, how many parts ended each way."""
+    reason = result["finish_reason"]
+    line = f"finished: {reason}, {FINISH_REASONS.get(reason, reason)}"
+    parts = [p["finish_reason"] for p in result.get("summary_parts") or ()]
+    if len(parts) > 1:
+        counts = ", ".join(f"{parts.count(r)} {r}" for r in dict.fromkeys(parts))
+        line += f" ({len(parts)} parts: {counts})"
+    return line
 
 
 def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -258,6 +281,7 @@ def _batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "file": str(r.path),
                 "out": str(r.out) if r.out else None,
                 "error": r.error,
+                "finish_reason": r.reason or None,
                 "prompt_tokens": r.stats.prompt_tokens if r.stats else None,
                 "retention": r.retention if r.stats else None,
                 "kv_bytes": r.stats.kv_bytes if r.stats else None,
@@ -321,6 +345,7 @@ def _answer(
         out.write(settings.answer_prefix)
     show_progress = not args.json and err.isatty()
     done: Done | None = None
+    progress_shown = False  # a summary reads again after each part's paragraph
     for event in events:
         if isinstance(event, Restored):
             args.cached_tokens = event.seen
@@ -331,9 +356,11 @@ def _answer(
                 f"\rreading {event.done}/{event.total} tokens, {event.stats.evicted_tokens} evicted"
             )
             err.flush()
+            progress_shown = True
         elif isinstance(event, Token) and not args.json:
-            if show_progress and event.stats.generated_tokens == 1:
+            if progress_shown:
                 err.write("\r\033[K")
+                progress_shown = False
             out.write(event.text)
             out.flush()
         elif isinstance(event, Done):
@@ -389,6 +416,7 @@ def _result(
         "capture_s": s.capture_s,
         "score_s": s.score_s,
         "finish_reason": done.reason,
+        "summary_parts": _parts(done),
         "rss_peak_bytes": monitor.rss_peak_bytes,
         "gpu_peak_bytes": monitor.gpu_peak_bytes if gpu_seen else None,
         # this process's own (weights, KV, buffers): what the app plots and the GPU check
@@ -398,6 +426,23 @@ def _result(
         "cpu_path": engine.model.cpu_path.describe(),
         "repack": engine.model.cpu_path.repack,
     }
+
+
+def _parts(done: Done) -> list[dict[str, Any]] | None:
+    """A summary's parts (None for an answer): each one's heading, finish reason,
+    tokens generated and the sentences kept of them."""
+    if not isinstance(done, SummaryDone):
+        return None
+    return [
+        {
+            "part": p.number,
+            "title": p.title,
+            "finish_reason": p.reason,
+            "generated_tokens": p.generated_tokens,
+            "text": p.text,
+        }
+        for p in done.parts
+    ]
 
 
 def _write_kept(args: argparse.Namespace, session: Session, model: str, answer: str) -> None:

@@ -64,6 +64,7 @@ class FileSummary:
     stats: KVStats | None
     seconds: float
     error: str | None = None
+    reason: str = ""  # why the summary ended (cli/main.py FINISH_REASONS)
 
     @property
     def path(self) -> Path:
@@ -161,7 +162,7 @@ def _markdown(item: FileSummary) -> str:
         f"*kvtrim {s.policy}, budget {s.budget_tokens} tokens: read {s.prompt_tokens:,} tokens, "
         f"kept {s.cells_used:,} ({item.retention:.1%}), KV {s.kv_bytes / _MB:.1f} MB held vs "
         f"{s.kv_bytes_llama_default / _MB:.1f} MB for llama.cpp's default cache, "
-        f"{item.seconds:.1f} s.*\n"
+        f"{item.seconds:.1f} s, finished: {item.reason or 'unknown'}.*\n"
     )
 
 
@@ -240,7 +241,8 @@ def summarize_many(
             return
         out = out_dir / source.out_name
         text = settings.answer(done.text)
-        item = FileSummary(source, out, text, done.stats, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        item = FileSummary(source, out, text, done.stats, seconds, reason=done.reason)
         with lock:
             _save(item, sum(r is not None and r.out is not None for r in results))
             results[i] = item
@@ -322,19 +324,20 @@ def default_parallel(engine: Engine, settings: RequestSpec, n_files: int) -> int
 def table(results: Sequence[FileSummary]) -> str:
     """A Markdown table: tokens, retention, KV memory and time per file."""
     rows = [
-        "| file | tokens | kept / seen | KV held / llama.cpp default (MB) | time (s) | result |",
-        "|---|---:|---:|---:|---:|---|",
+        "| file | tokens | kept / seen | KV held / llama.cpp default (MB) | time (s) | finished "
+        "| result |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         if r.stats is None:
             rows.append(
-                f"| {shown(r.source.name)} | | | | {r.seconds:.1f} | skipped: {shown(r.error)} |"
+                f"| {shown(r.source.name)} | | | | {r.seconds:.1f} | | skipped: {shown(r.error)} |"
             )
             continue
         s = r.stats
         rows.append(
             f"| {shown(r.source.name)} | {s.prompt_tokens:,} | {r.retention:.1%} | "
             f"{s.kv_bytes / _MB:.1f} / {s.kv_bytes_llama_default / _MB:.1f} | {r.seconds:.1f} | "
-            f"{shown(r.out)} |"
+            f"{r.reason} | {shown(r.out)} |"
         )
     return "\n".join(rows)

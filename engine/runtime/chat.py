@@ -26,6 +26,7 @@ from ..session.prompts import SUMMARY_INSTRUCTION
 from ..session.sampling import Sampling
 from ..stats import Done, Event, KVStats, Recalled, Token
 from .states import StateStore, key_digest
+from .summary import Summarizer
 
 EXCERPT_CHARS = 200  # recalled excerpts are cut to this many characters in records
 _MB = 1024 * 1024
@@ -43,16 +44,17 @@ def turn_events(
 ) -> tuple[bool, Iterator[Event]]:
     """The one rule of a conversation's turn: a session that holds the document
     (``can_follow_up``) continues it with a follow-up; any other reads the document
-    and asks ``question`` or, for None, summarizes. Returns whether the document is
-    read, and the events. ``answer_prefix`` applies to questions only."""
+    and asks ``question`` or, for None, summarizes it part by part (summary.py,
+    settled: the cache then holds the whole document for follow-ups). Returns
+    whether the document is read, and the events.
+    ``answer_prefix`` applies to questions only."""
     prefix = answer_prefix if question else ""
     if session.can_follow_up:
         instruction = question or SUMMARY_INSTRUCTION
-        return False, session.follow_up(
-            instruction, answer_prefix=prefix, stops=stops or (), **gen
-        )
+        return False, session.follow_up(instruction, answer_prefix=prefix, stops=stops or (), **gen)
     if question is None:
-        return True, session.summarize(document, system=system, stops=stops, **gen)
+        summary = Summarizer(session, system=system, stops=stops, **gen)
+        return True, summary.events(document, settle=True)
     return True, session.ask(
         document, question, answer_prefix=prefix, system=system, stops=stops, **gen
     )

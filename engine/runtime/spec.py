@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from ..policies import Policy, make_policy
 from ..session.config import SessionConfig, SessionOptions
 from ..session.core import Session
-from ..session.prompts import summary_prompt
 from ..session.sampling import Sampling
 from ..stats import Event
+from .summary import Summarizer
 
 if TYPE_CHECKING:
     from ..pool.kvpool import KVPool
@@ -98,11 +98,16 @@ class RequestSpec(SessionOptions):
         return session.ask(document, question, answer_prefix=self.answer_prefix, **gen)
 
     def summarize(self, session: Session, document: str) -> Iterator[Event]:
-        """Read ``document`` and summarize it; the summary starts with ``answer_prefix``."""
-        if not self.answer_prefix:
-            return session.summarize(document, **self.generation())
-        prompt = summary_prompt(session.model, document, answer_prefix=self.answer_prefix)
-        return session.run(prompt, **self.generation())
+        """Read ``document`` and summarize it part by part (summary.py: ``max_tokens``
+        is each part's most); the summary starts with ``answer_prefix``."""
+        summarizer = Summarizer(
+            session,
+            max_tokens=self.max_tokens,
+            sampling=self.sampling,
+            stops=self.stops,
+            answer_prefix=self.answer_prefix,
+        )
+        return summarizer.events(document)
 
     def answer(self, generated: str) -> str:
         """The whole answer: ``answer_prefix`` and what the model wrote after it."""
