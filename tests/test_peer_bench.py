@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from engine.bench import peer, peer_report
@@ -428,6 +429,37 @@ def test_the_targets_need_the_answer_and_judge_only_what_ran():
     )
     ((target, _, ok),) = peer_report.targets(quick)
     assert target.startswith("SnapKV 1,024 on 4,096 tokens") and ok  # the longest run
+
+
+def test_a_document_llama_server_refuses_is_a_record_and_judged_by_kvtrims_answer(tmp_path):
+    """llama-server refuses a prompt past its context (64K past a 32K trained context):
+    the run goes on, the table says so and the target judges kvtrim's read alone."""
+    refused = {
+        "part": "prefill", "round": 0, "config": "65536 tokens", "server": ps.PEER,
+        "budget": None, "policy": None, "length": 65536, "hit": False,
+        "refused": "400: request (65534 tokens) exceeds the available context size",
+    }  # fmt: skip
+    result = _result([refused, _prefill("65536 tokens", ps.KVTRIM, 160.0, 15 * MIB)])
+    ((target, measured, ok),) = peer_report.targets(result)
+    assert target.startswith("SnapKV 1,024 on 65,536 tokens") and ok
+    assert "llama-server refused the document (400: request" in measured and "1/1" in measured
+    md = peer_report.markdown(result, peer_report.plot(result, tmp_path))
+    assert "refused: 400: request" in md
+
+
+def test_a_4xx_answer_is_refused_with_the_servers_message():
+    import openai
+
+    class Chats:
+        def create(self, **body):
+            response = httpx.Response(400, request=httpx.Request("POST", "http://x/v1"))
+            raise openai.BadRequestError(
+                "bad", response=response, body={"error": {"message": "too long for me"}}
+            )
+
+    api = type("Api", (), {"chat": type("C", (), {"completions": Chats()})()})()
+    with pytest.raises(pc.Refused, match="400: too long for me"):
+        pc.chat(api, "doc", "q", 4)
 
 
 def test_medians_over_rounds():

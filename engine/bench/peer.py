@@ -235,8 +235,13 @@ def measure_prefill(
         length = int(step.config.split()[0])
         doc, key = work.documents[length][0], str(work.documents[length][1])
     api = _warm_chat(url, work)
-    reply = pc.chat(api, doc, QUESTION, cfg.answer_tokens, stop=work.stops)
-    api.close()
+    try:
+        reply = pc.chat(api, doc, QUESTION, cfg.answer_tokens, stop=work.stops)
+    except pc.Refused as exc:  # llama-server: a document past its trained context
+        yield {"length": length, "refused": str(exc), "key": key, "hit": False}
+        return
+    finally:
+        api.close()
     figures = pc.figures(reply)
     prompt = figures["prompt_tokens"] or 0
     yield {

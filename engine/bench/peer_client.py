@@ -18,6 +18,11 @@ TIMEOUT_S = 3600.0  # a 64K-token read on 2 cores takes minutes
 MODEL = "default"  # both servers serve the one model they loaded, whatever the name
 
 
+class Refused(Exception):
+    """The server answered a request with a 4xx: ``status: its message`` (llama-server
+    refuses a prompt longer than its context, 64K tokens past a 32K trained context)."""
+
+
 def client(url: str) -> Any:
     """An ``openai.OpenAI`` client of the server at ``url``: no retries, no key."""
     import openai
@@ -100,11 +105,25 @@ def chat(
         body["stop"] = stop
     if stream:
         return _stream(api.chat.completions.create, True, **body)
+    import openai
+
     t0 = time.perf_counter()
-    data = api.chat.completions.create(**body).model_dump()
+    try:
+        data = api.chat.completions.create(**body).model_dump()
+    except openai.BadRequestError as exc:
+        raise Refused(f"{exc.status_code}: {_message(exc.body)}") from None
     reply = Reply(data["choices"][0]["message"]["content"] or "", time.perf_counter() - t0)
     _keep_extra(reply.extra, data)
     return reply
+
+
+def _message(body: object) -> str:
+    """The error message of an error body (OpenAI's and llama-server's shapes)."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(body)[:200]
 
 
 def figures(reply: Reply) -> dict[str, Any]:
