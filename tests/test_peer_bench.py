@@ -219,6 +219,19 @@ def test_the_servers_settings_per_configuration():
     assert (config, a.ctx, b.budget, b.parallel) == (peer.DEMO, 10240, 1024, 1)
 
 
+def test_the_serve_part_with_kvtrims_streams_layout():
+    """--peer-kv-layout streams: each kvtrim request its own --kv-cells/N cells, as
+    llama-server gives each slot -c/N; one client stays a lone session."""
+    cfg = peer.PeerConfig(kv_layout="streams")
+    serve = dict(peer.configurations(cfg, "serve"))
+    eight, one = serve["8 clients"][1], serve["1 clients"][1]
+    assert eight.kv_layout == "streams" and one.kv_layout == "shared"
+    assert eight.label.endswith("--kv-cells 2048 --kv-layout streams --policy snapkv --budget 512")
+    argv = ps.kvtrim_argv("m", 1, 1, eight)
+    assert argv[argv.index("--kv-layout") + 1] == "streams"
+    assert "--kv-layout" not in ps.kvtrim_argv("m", 1, 1, one)
+
+
 def test_the_quick_grid():
     cfg = peer.PeerConfig.quick()
     assert (cfg.rounds, cfg.clients, cfg.requests, cfg.lengths) == (1, [1, 2], 4, [2048, 4096])

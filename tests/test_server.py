@@ -276,6 +276,8 @@ def test_metrics_show_each_running_request_in_the_pool(server, client):
     kept = [ln for ln in after.splitlines() if ln.startswith("kvtrim_pool_kept_sequences ")]
     assert kept and float(kept[0].split()[1]) >= 1  # kept with its text for a next request
     assert "kvtrim_request_share_ratio_count" in after
+    decode_s = [ln for ln in after.splitlines() if ln.startswith("kvtrim_pool_decode_seconds ")]
+    assert decode_s and 0 < float(decode_s[0].split()[1]) < 60  # llama_decode's own time
 
 
 def test_a_document_asked_about_twice_is_read_once(server, client):

@@ -86,6 +86,7 @@ class PeerConfig:
     slot_cells: int = 256  # llama-server -c = clients x this
     kv_cells: int = 2048  # kvtrim --kv-cells with more than one client
     serve_budget: int = 512
+    kv_layout: str = "shared"  # the serve part's kvtrim --kv-layout with several clients
     lengths: list[int] = field(default_factory=lambda: [8192, 32768, 65536])
     budgets: list[int] = field(default_factory=lambda: [1024, 4096])
     ctx_room: int = 512  # llama-server -c = document tokens + this
@@ -123,7 +124,11 @@ def configurations(cfg: PeerConfig, part: str) -> list[tuple[str, list[Launch]]]
                 [
                     Launch(PEER, n, ctx=n * cfg.slot_cells),
                     Launch(
-                        KVTRIM, n, kv_cells=cfg.kv_cells if n > 1 else None, budget=cfg.serve_budget
+                        KVTRIM,
+                        n,
+                        kv_cells=cfg.kv_cells if n > 1 else None,
+                        budget=cfg.serve_budget,
+                        kv_layout=cfg.kv_layout if n > 1 else "shared",
                     ),
                 ],
             )

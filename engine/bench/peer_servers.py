@@ -60,6 +60,7 @@ class Launch:
     kv_cells: int | None = None
     budget: int = 512
     policy: str = "snapkv"
+    kv_layout: str = "shared"  # kvtrim --kv-layout (several requests only)
 
     @property
     def label(self) -> str:
@@ -67,6 +68,8 @@ class Launch:
         if self.server == PEER:
             return f"{PEER} -np {self.parallel} -c {self.ctx}"
         cells = f" --kv-cells {self.kv_cells}" if self.kv_cells else ""
+        if self.kv_layout != "shared":
+            cells += f" --kv-layout {self.kv_layout}"
         return (
             f"{KVTRIM} --parallel {self.parallel}{cells} --policy {self.policy} "
             f"--budget {self.budget}"
@@ -128,6 +131,8 @@ def kvtrim_argv(model: str, port: int, threads: int, launch: Launch) -> list[str
     ]
     if launch.kv_cells:
         argv += ["--kv-cells", str(launch.kv_cells)]
+    if launch.kv_layout != "shared":
+        argv += ["--kv-layout", launch.kv_layout]
     return argv
 
 

@@ -168,6 +168,16 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         },
     ),
     (
+        ("--peer-kv-layout",),
+        {
+            "choices": ("shared", "streams"),
+            "default": None,
+            "help": "with --peer: kvtrim serve's --kv-layout in the serve part with several "
+            "clients (default: shared, its own default; streams gives each request "
+            "--kv-cells/N cells, as llama-server gives each slot -c/N)",
+        },
+    ),
+    (
         ("--clients",),
         {
             "type": lambda s: [int(x) for x in _csv(s)],
@@ -464,6 +474,8 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     if args.parts is not None:
         cfg.parts = _known_parts(args.parts, peer.PARTS)
     _override(cfg, args, "clients", "lengths", "rounds", "seed")
+    if args.peer_kv_layout:
+        cfg.kv_layout = args.peer_kv_layout
     bad = [n for n in (*cfg.clients, *cfg.lengths, cfg.rounds) if n < 1]
     if bad:
         raise ConfigError(f"--clients, --lengths and --rounds must be at least 1, got {bad[0]}")

@@ -89,6 +89,12 @@ class Metrics:
             "kvtrim_pool_batch_tokens_mean", "Tokens per llama_decode, mean", registry=r
         )
         self.pool_steps = Gauge("kvtrim_pool_decode_steps", "llama_decode calls", registry=r)
+        self.pool_decode_s = Gauge(
+            "kvtrim_pool_decode_seconds",
+            "Seconds the pool's llama_decode calls took, in all (the rest of a request's "
+            "time is waiting, reading attention, scoring and sampling)",
+            registry=r,
+        )
         labels = ["seq"]
         self.seq_share = Gauge(
             "kvtrim_sequence_share_cells", "KV cells a running request may hold", labels, registry=r
@@ -123,6 +129,7 @@ class Metrics:
         self.pool_kept.set(snapshot.get("kept", 0))
         self.pool_batch.set(snapshot["mean_batch_tokens"])
         self.pool_steps.set(snapshot["steps"])
+        self.pool_decode_s.set(snapshot.get("decode_s", 0.0))
         per_seq = (
             self.seq_share,
             self.seq_share_ratio,
