@@ -91,6 +91,12 @@ def _same_text(a: list[str], b: list[str]) -> str:
     return f"{sum(x == y for x, y in zip(a, b, strict=False))}/{len(a)}"
 
 
+def _layout(cfg: dict[str, Any]) -> str:
+    """kvtrim's --kv-layout in the serve part, where not its default."""
+    layout = cfg.get("kv_layout", "shared")
+    return "" if layout == "shared" else f" --kv-layout {layout}"
+
+
 def _serve_table(result: dict[str, Any]) -> list[str]:
     """A row per client count and mode (nothing without the serve part)."""
     med = serve_medians(result)
@@ -101,10 +107,13 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
         f"## Serve: ~{cfg['passage_tokens']}-token passages, {cfg['gen_tokens']} tokens each, "
         f"{cfg['requests']} requests",
         "",
-        "llama-server `-np N -c N x {0}`; kvtrim `--parallel N --kv-cells {1} --budget {2}` "
+        "llama-server `-np N -c N x {0}`; kvtrim `--parallel N --kv-cells {1}{3} --budget {2}` "
         "(1 client: `--parallel 1 --budget {2}`). Requests/s over the wall time of all "
         "requests; p50 of each request's latency and (streaming) time to first token.".format(
-            cfg["slot_cells"], cfg["kv_cells"], cfg["serve_budget"]
+            cfg["slot_cells"],
+            cfg["kv_cells"],
+            cfg["serve_budget"],
+            _layout(cfg),
         ),
         "",
         "| clients | mode | llama-server req/s | kvtrim req/s | kvtrim / llama | "

@@ -1,0 +1,90 @@
+"""kvtrim serve's throughput under server options, alternating in one run: 16
+distinct ~170-token completions of 32 greedy tokens from N clients after a 3-request
+warm-up, and the pool's /metrics after (decode steps, llama_decode seconds).
+
+    .venv/bin/python scripts/research/pool_ab.py --rounds 2 \\
+        --variant "" --variant "--kv-layout streams"
+
+Each variant is a string of extra ``kvtrim serve`` options. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from engine.bench.texts import window  # noqa: E402
+
+METRICS = ("kvtrim_pool_decode_steps ", "kvtrim_pool_batch_tokens_mean ",
+           "kvtrim_pool_decode_seconds ")  # fmt: skip
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _send(url: str, prompts: list[str], clients: int) -> None:
+    def one(prompt: str) -> None:
+        body = {"prompt": prompt, "max_tokens": 32, "temperature": 0}
+        httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, prompts))
+
+
+def run(extra: list[str], parallel: int, clients: int, n: int = 16) -> str:
+    """One server start: requests/s and the pool's figures, as one line."""
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port),
+           "--threads", "2", "--parallel", str(parallel), "--kv-cells", "2048",
+           "--budget", "512", *extra]  # fmt: skip
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        prompts = [window(20_000 * i + 7, 700) + "\n\nIn short," for i in range(n + 3)]
+        _send(url, prompts[n:], clients)  # warm-up
+        start = time.perf_counter()
+        _send(url, prompts[:n], clients)
+        rate = n / (time.perf_counter() - start)
+        metrics = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
+        pool = [ln for ln in metrics if ln.startswith(METRICS)]
+        return f"{rate:.2f} req/s  " + "  ".join(pool)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variant", action="append", default=[], help="extra serve options")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--clients", type=int, default=8)
+    args = p.parse_args()
+    for r in range(args.rounds):
+        for variant in args.variant or [""]:
+            line = run(shlex.split(variant), args.parallel, args.clients)
+            print(f"round {r} [{variant or 'defaults'}]: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
