@@ -67,6 +67,10 @@ class Reader:
         self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits = None
+        # a pool counts this sequence's cells from its last report: the cleared cache
+        # holds none (a stale count left two part-by-part summaries waiting for room
+        # forever)
+        self.sync_stats()
 
     @property
     def reads_attention(self) -> bool:
