@@ -320,6 +320,17 @@ def test_a_short_document_is_one_part_and_needs_no_settling():
     assert events[-1].reason == "eog"
 
 
+def test_a_summary_cut_short_everywhere_is_never_empty():
+    """Every part's only sentence cut by --max-tokens: tidy keeps none, and the
+    summary is the first part's words as written, ended with an ellipsis."""
+    s = FakeSession([("bees and the hive where", "length")], capacity=5000)
+    events = _events(s, "Bees make honey. " * 20)
+    assert events[-1].text == f"{PART_CUE} bees and the hive where…"
+    shown = [e.text for e in events if isinstance(e, Token)]
+    assert shown == [events[-1].text] and events[-1].reason == "length"
+    assert events[-1].parts[0].text == events[-1].text
+
+
 def test_the_answer_prefix_starts_the_first_part_and_stops_replace_the_prompts():
     text = markdown(SECTIONS, repeat=8)
     s = FakeSession(list(ANSWERS))

@@ -227,6 +227,7 @@ class Summarizer:
             done = yield from self._read(prompt, tally, estimates[-1:], limit)
             yield from self._keep(tally, 0, "", OVERVIEW_CUE, done, limit=1)
         assert tally.totals is not None
+        yield from self._cut_short(tally)
         text = self._shown("\n\n".join(r.text for r in tally.results if r.text), first=True)
         reason = summary_reason([r.reason for r in tally.results])
         parts = tuple(r for r in tally.results if r.number)
@@ -274,6 +275,20 @@ class Summarizer:
             tally.totals.first_token_s = time.perf_counter() - tally.start
         first = not any(r.text for r in tally.results[:-1])
         yield Token(-1, self._shown(text, first=first), tally.totals or done.stats)
+
+    def _cut_short(self, tally: _Tally) -> Iterator[Event]:
+        """Where ``tidy`` kept nothing of any part (every sentence cut short by a low
+        ``--max-tokens``), the first part's words as written, ended with "…": a short
+        summary, never an empty one."""
+        if any(r.text for r in tally.results):
+            return
+        first = next((r for r in tally.results if r.generated.strip()), None)
+        if first is None:
+            return
+        cue = self._cue(0) if first is tally.results[0] else PART_CUE
+        at = tally.results.index(first)
+        tally.results[at] = dataclasses.replace(first, text=f"{cue} {first.generated.strip()}…")
+        yield Token(-1, self._shown(tally.results[at].text, first=True), tally.totals)
 
     def _cue(self, index: int) -> str:
         return self.answer_prefix if index == 0 and self.answer_prefix else PART_CUE
