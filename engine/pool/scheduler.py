@@ -33,6 +33,7 @@ MIN_GATHER_S = 0.002  # seconds a batch waits at least for the expected steps
 RETRY_S = 0.01  # seconds between tries of a step that found no free cells
 RETRIES = 300  # tries of a step alone that finds no free cells (3 s), then it fails
 POLL_S = 0.05  # seconds between looks at a waiting caller's cancel
+NO_ROOM_S = 60.0  # seconds no waiting step fits the pool before the oldest is failed
 
 
 class SharedContext:
@@ -107,6 +108,7 @@ class Scheduler:
         self._last_done: dict[int, float] = {}  # monotonic time a sequence's step ended
         self._stall = False
         self._split_next = False
+        self._no_room_since: float | None = None  # when the first batch found no room
         self.closed = False  # no new steps: stopped, or the thread died
         self.error: BaseException | None = None  # what stopped the thread, if anything
         self.steps = 0  # llama_decode calls
@@ -198,8 +200,27 @@ class Scheduler:
                     self._stall = False
                     self._cond.wait(RETRY_S)
                     if not batch:
+                        self._starved()
                         continue
+                self._no_room_since = None
             self._run(batch)
+
+    def _starved(self) -> None:
+        """No waiting step has fitted for ``NO_ROOM_S``: the oldest fails with the
+        reason instead of every caller waiting forever (a count of held cells that
+        never comes down would otherwise hang them all; call with ``_cond`` held)."""
+        now = time.monotonic()
+        if self._no_room_since is None:
+            self._no_room_since = now
+        elif now - self._no_room_since > NO_ROOM_S and self._pending:
+            step = min(self._pending, key=lambda s: s.order)
+            self._pending.remove(step)
+            step.error = CacheFullError(
+                f"no room in the pool for {NO_ROOM_S:.0f} s: {self.held()} cells held of "
+                f"{self.shared.ctx.n_ctx}, {len(step.tokens)} to decode"
+            )
+            step.done.set()
+            self._no_room_since = None
 
     def _gather(self) -> None:
         """Wait a moment for the expected steps (call with ``_cond`` held).

@@ -67,10 +67,7 @@ class Reader:
         self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits = None
-        # a pool counts this sequence's cells from its last report: the cleared cache
-        # holds none (a stale count left two part-by-part summaries waiting for room
-        # forever)
-        self.sync_stats()
+        self.sync_stats()  # a pool counts cells from the last report: now none
 
     @property
     def reads_attention(self) -> bool:
