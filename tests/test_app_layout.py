@@ -16,25 +16,11 @@ from PySide6.QtWidgets import (
     QStyle,
     QStyleOptionComboBox,
 )
+from test_app_answers import _window
 from test_app_worker import FakeEngine
 
-from app.settings import Settings, load
-from app.store import Store
+from app.settings import load
 from app.window import MainWindow
-from app.worker import WorkerThread
-
-
-def _window(qtbot, tmp_path, settings=None, path=None, engine=None) -> MainWindow:
-    engine = engine or FakeEngine()
-    w = MainWindow(
-        WorkerThread(lambda p, layers, t: engine),
-        Store(tmp_path / "h.sqlite3"),
-        settings or Settings(),
-        path,
-    )
-    qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.model_name == "Fake 1B", timeout=5000)
-    return w
 
 
 def _ask(qtbot, w: MainWindow, text: str) -> None:
