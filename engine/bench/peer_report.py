@@ -181,7 +181,7 @@ def prefill_medians(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, A
             "hits": _hits(rs, "hit"),
             "all_hit": all(r["hit"] for r in rs),
             "refused": next((r["refused"] for r in rs if r.get("refused")), None),
-            "answer": rs[0].get("answer") or f"refused: {rs[0].get('refused')}",
+            "answer": rs[0]["answer"] if "answer" in rs[0] else f"refused: {rs[0]['refused']}",
         }
     return out
 
