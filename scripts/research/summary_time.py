@@ -12,23 +12,15 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 QUESTION, PREFIX = "What is the pass key? Give the number.", "The pass key is"
 
 
-def _last(events: Iterable[object]) -> object:
-    out = None
-    for event in events:
-        out = event
-    return out
-
-
 def main() -> None:
     tree, doc = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
     sys.path.insert(0, str(tree))
-    from engine import Engine
+    from engine import Engine, Session
     from engine.runtime.chat import turn_events
 
     engine = Engine()
@@ -36,16 +28,16 @@ def main() -> None:
     text = doc.read_text()
     start = time.perf_counter()
     _, events = turn_events(session, text, None, max_tokens=128)
-    summary = _last(events)
+    summary = Session.collect(events)
     summary_s = time.perf_counter() - start
     start = time.perf_counter()
     _, events = turn_events(session, text, QUESTION, answer_prefix=PREFIX, max_tokens=8)
-    answer = _last(events)
+    answer = Session.collect(events)
     print(json.dumps({
         "tree": str(tree), "summary_s": round(summary_s, 1),
-        "summary": getattr(summary, "text", "")[:300],
+        "summary": summary.text[:300],
         "follow_s": round(time.perf_counter() - start, 2),
-        "answer": getattr(answer, "text", ""),
+        "answer": answer.text,
     }))  # fmt: skip
 
 
