@@ -537,3 +537,121 @@ def test_ruler_parts_name_tasks_and_haystacks_and_depths_count():
     cfg = bench_cli._ruler_config(args)
     assert cfg.tasks == ["niah_single"] and cfg.haystacks == ["numbers"]
     assert cfg.depths == [0.25, 0.75]
+
+
+class FakeLlamaServer:
+    """llama-server's ``/completion`` on a loopback port: answers with the value the
+    test names (``reply``), or refuses with a 400; records each request's body."""
+
+    def __init__(self, reply):
+        import http.server
+        import threading
+
+        bodies, self.reply = [], reply
+        self.bodies = bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                bodies.append((self.path, body))
+                status, out = reply(body)
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                return None
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_llama_server_gets_the_tokens_greedy_with_the_prompts_stops():
+    from engine.bench import ruler_peer
+
+    def reply(body):
+        if len(body["prompt"]) > 3:
+            return 400, {"error": {"message": "request (4 tokens) exceeds the context size"}}
+        timings = {"prompt_n": 3, "prompt_ms": 250.0}
+        return 200, {"content": " 42.", "stopped_limit": False, "timings": timings}
+
+    server = FakeLlamaServer(reply)
+    try:
+        got = ruler_peer.complete(server.url, [2, 7, 9], ("\n\n",), 32)
+        refused = ruler_peer.complete(server.url, [2, 7, 9, 11], ("\n\n",), 32)
+    finally:
+        server.close()
+    path, body = server.bodies[0]
+    assert path == "/completion"
+    assert body == {
+        "prompt": [2, 7, 9],
+        "n_predict": 32,
+        "temperature": 0,
+        "stop": ["\n\n"],
+        "cache_prompt": False,
+    }
+    assert got["error"] is None and got["text"] == " 42." and got["reason"] == "stop"
+    assert got["length_tokens"] == 3 and got["prefill_s"] == 0.25
+    assert refused["error"].startswith("llama-server 400: ") and "exceeds" in refused["error"]
+
+
+def test_run_asks_llama_server_each_item_that_fits(tmp_path, monkeypatch):
+    from engine.bench import ruler_peer
+
+    cfg = ruler.RulerConfig.quick()
+    cfg.lengths = [1000, 3000]
+    cfg.settings.insert(1, ruler_peer.SETTING)
+    cfg.peer_binary = "/usr/bin/llama-server"
+    engine = FakeEngine(n_ctx_train=2048)
+    asked = []
+
+    def prompt_ids(engine, document, question, answer_prefix):
+        key = re.search(r"for (\S+) mentioned", question).group(1)
+        value = re.search(rf"numbers for {key} is: (\d+)", document).group(1)
+        asked.append(len(document))
+        return [int(value)], ("\n\n",)
+
+    def reply(body):
+        value = body["prompt"][0]
+        return 200, {"content": f" {value}. {value}", "stopped_limit": True, "timings": {}}
+
+    server = FakeLlamaServer(reply)
+    monkeypatch.setattr(ruler_peer, "prompt_ids", prompt_ids)
+    monkeypatch.setattr(ruler, "_peer_url", lambda cfg, engine, out_dir, stack: server.url)
+    try:
+        result = ruler.run(cfg, engine, tmp_path, lambda _: None, "kvtrim bench --ruler --peer")
+    finally:
+        server.close()
+    peer = [r for r in result["records"] if r["policy"] == "llama-server"]
+    assert len(peer) == len(asked) == 2 * 2, "every item of the length that fits, once"
+    assert {r["length"] for r in peer} == {1000}
+    assert all(r["score"] == 1.0 and r["whole_score"] == 1.0 for r in peer)
+    assert all(r["reason"] == "length" and not r["runaway"] for r in peer)
+    assert all(r["error"] is None and r["evicted_tokens"] == 0 for r in peer)
+    md = ruler_report.markdown(result, [])
+    assert "| llama-server (full cache) | 100% |" in md
+    rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ")]
+    assert rows.index("| llama-server (full cache)") == rows.index("| full") + 1
+
+
+def test_cli_ruler_with_peer_adds_llama_server_after_the_full_cache(tmp_path):
+    import sys
+
+    args = parse_args(
+        ["bench", "--ruler", "--peer", "llama-server", "--peer-binary", sys.executable]
+    )
+    cfg = bench_cli._ruler_config(args, io.StringIO())
+    assert cfg.settings[:2] == [("full", None, "original"), ("llama-server", None, "original")]
+    assert cfg.peer_binary and cfg.model.endswith(".gguf") and cfg.threads >= 1
+    with pytest.raises(ConfigError, match="needs its binary"):
+        ruler.RulerConfig(settings=[("llama-server", None, "original")]).check()
+    missing = ["bench", "--ruler", "--peer", "llama-server", "--peer-binary", str(tmp_path)]
+    with pytest.raises(ConfigError, match="not an executable file"):
+        bench_cli._ruler_config(parse_args(missing), io.StringIO())

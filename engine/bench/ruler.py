@@ -14,6 +14,7 @@ found in the answer (case-insensitive substring). Units: tokens, seconds, bytes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
@@ -29,7 +30,8 @@ from ..native.kvmemory import pad
 from ..policies import evicts, keeps_all
 from ..runtime.engine import Engine
 from ..session.core import POSITION_MODES
-from . import texts
+from . import ruler_peer, texts
+from .peer_servers import PEER
 from .records import Records
 from .tasks import FILLER
 
@@ -367,6 +369,9 @@ class RulerConfig:
     max_tokens: int = 32
     seed: int = 0
     reference: str | None = None  # an earlier ruler.json whose full-cache records are reused
+    peer_binary: str = ""  # llama-server, asked every item that fits as a second reference
+    model: str = ""  # the model file llama-server loads (kvtrim's own)
+    threads: int = 0  # llama-server's -t and -tb
 
     @classmethod
     def quick(cls) -> RulerConfig:
@@ -397,7 +402,9 @@ class RulerConfig:
             if bad:
                 raise ConfigError(f"unknown {name} {bad[0]!r}; choose from {', '.join(allowed)}")
         for policy, budget, positions in self.settings:
-            if not (evicts(policy) or keeps_all(policy)):
+            if policy == PEER and not self.peer_binary:
+                raise ConfigError(f"the {PEER} setting needs its binary (--peer-binary)")
+            if not (evicts(policy) or keeps_all(policy) or policy == PEER):
                 raise ConfigError(f"unknown policy {policy!r}")
             if evicts(policy) and (budget is None or budget < 16):
                 raise ConfigError(f"{policy} needs a budget of at least 16 tokens, got {budget}")
@@ -472,6 +479,40 @@ def fits_full(engine: Engine, item: Item, n_doc: int) -> bool:
     return pad(_full_budget(engine, item, n_doc)) < engine.model.info.n_ctx_train
 
 
+def ask_peer(url: str, engine: Engine, item: Item, max_tokens: int) -> dict[str, Any]:
+    """One item asked of llama-server (ruler_peer.py), scored as kvtrim's answers are."""
+    needles = item.needles
+    ids, stops = ruler_peer.prompt_ids(
+        engine, item.document, needles.question, needles.answer_prefix
+    )
+    rec: dict[str, Any] = {"budget_tokens": None, "expected": needles.expected}
+    got = ruler_peer.complete(url, ids, stops, max_tokens)
+    text = got.pop("text")
+    rec.update(got, length_tokens=got.get("length_tokens", len(ids)))
+    if got["error"] is not None:
+        rec.update(score=None, answer="", reason=None, runaway=False)
+        return rec
+    rec.update(
+        score=score(item.task, text, needles.expected),
+        whole_score=whole_score(item.task, text, needles.expected),
+        answer=text.strip(),
+        runaway=got["reason"] == "length" and repeats_to_the_end(text),
+        evicted_tokens=0,
+    )
+    return rec
+
+
+def _peer_url(cfg: RulerConfig, engine: Engine, out_dir: Path, stack: contextlib.ExitStack) -> str:
+    """Starts llama-server for the run where the grid asks it ('' where not)."""
+    if not any(s[0] == PEER for s in cfg.settings):
+        return ""
+    n_ctx = engine.model.info.n_ctx_train
+    proc = ruler_peer.server(
+        cfg.peer_binary, cfg.model, cfg.threads, n_ctx, out_dir / "ruler-llama-server.log"
+    )
+    return stack.enter_context(proc)
+
+
 def _reference(cfg: RulerConfig) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The full cache's records of ``cfg.reference`` by item (length, task, haystack,
     depth, trial); the run must have used the same seed, so the items are the same."""
@@ -505,30 +546,50 @@ def run(
     records.result["n_ctx_train"] = engine.model.info.n_ctx_train
     docs = cfg.documents()
     reused = _reference(cfg)
-    for i, (length, task, name, depth, trial) in enumerate(docs, start=1):
-        item = make_item(engine.model, task, name, length, depth, trial, cfg.seed)
-        n_doc = len(engine.model.tokenize(item.document))
-        full = reused.get((length, task, name, depth, trial))
-        if full is not None and full["expected"] == item.needles.expected:
-            records.emit({**full, "reused_from": cfg.reference})
-        for setting in cfg.settings:
-            policy, budget, positions = setting
-            if keeps_all(policy) and not fits_full(engine, item, n_doc):
-                continue
-            where = f"doc {i}/{len(docs)} {task} {name} {length} depth {depth}"
-            step(f"{where}: {policy} {budget or ''} {positions}")
-            rec = {
-                "task": task,
-                "haystack": name,
-                "haystack_source": haystack_source(name),
-                "length": length,
-                "doc_tokens": n_doc,
-                "depth": depth,
-                "trial": trial,
-                "policy": policy,
-                "budget": budget if evicts(policy) else None,
-                "positions": positions,
-            }
-            rec.update(ask(engine, item, setting, n_doc, cfg.max_tokens))
-            records.emit(rec)
+    with contextlib.ExitStack() as stack:
+        url = _peer_url(cfg, engine, out_dir, stack)
+        for i, doc in enumerate(docs, start=1):
+            _one_document(cfg, engine, records, (i, len(docs), *doc), reused, url, step)
     return records.result
+
+
+def _one_document(
+    cfg: RulerConfig,
+    engine: Engine,
+    records: Records,
+    where: tuple[int, int, int, str, str, float, int],
+    reused: dict[tuple[Any, ...], dict[str, Any]],
+    url: str,
+    step: Callable[[str], None],
+) -> None:
+    """One document (built once) under every setting of the grid."""
+    i, n_docs, length, task, name, depth, trial = where
+    item = make_item(engine.model, task, name, length, depth, trial, cfg.seed)
+    n_doc = len(engine.model.tokenize(item.document))
+    earlier = reused.get((length, task, name, depth, trial))
+    if earlier is not None and earlier["expected"] == item.needles.expected:
+        records.emit({**earlier, "reused_from": cfg.reference})
+    for setting in cfg.settings:
+        policy, budget, positions = setting
+        full = keeps_all(policy) or policy == PEER
+        if full and not fits_full(engine, item, n_doc):
+            continue
+        at = f"doc {i}/{n_docs} {task} {name} {length} depth {depth}"
+        step(f"{at}: {policy} {budget or ''} {positions}")
+        rec = {
+            "task": task,
+            "haystack": name,
+            "haystack_source": haystack_source(name),
+            "length": length,
+            "doc_tokens": n_doc,
+            "depth": depth,
+            "trial": trial,
+            "policy": policy,
+            "budget": budget if evicts(policy) else None,
+            "positions": positions,
+        }
+        if policy == PEER:
+            rec.update(ask_peer(url, engine, item, cfg.max_tokens))
+        else:
+            rec.update(ask(engine, item, setting, n_doc, cfg.max_tokens))
+        records.emit(rec)

@@ -12,27 +12,39 @@ from typing import Any
 from ..policies import keeps_all
 from ..runtime.spec import RequestSpec
 from . import figures, ruler
+from .peer_servers import PEER as PEER_NAME
 
 Key = tuple[str, Any, str]  # (policy, budget or None, positions)
 FULL: Key = ("full", None, "-")
 Record = dict[str, Any]
 
 
+PEER: Key = (PEER_NAME, None, "-")
+
+
 def setting(r: Record) -> Key:
-    """The setting of a record; the full cache is one setting whatever its positions."""
+    """The setting of a record; the full cache is one setting whatever its positions,
+    and so is llama-server (the full cache a user would run instead)."""
     if keeps_all(r["policy"]):
-        return ("full", None, "-")
+        return FULL
+    if r["policy"] == PEER_NAME:
+        return PEER
     return (r["policy"], r["budget"], r["positions"])
 
 
 def label(key: Key) -> str:
     policy, budget, positions = key
-    return "full" if keeps_all(policy) else f"{policy} {budget} {positions}"
+    if keeps_all(policy):
+        return "full"
+    if key == PEER:
+        return f"{PEER_NAME} (full cache)"
+    return f"{policy} {budget} {positions}"
 
 
 def _order(key: Key) -> tuple[int, int, str, str]:
     policy, budget, positions = key
-    return (0 if keeps_all(policy) else 1, budget or 0, policy, positions)
+    rank = 0 if keeps_all(policy) else 1 if key == PEER else 2
+    return (rank, budget or 0, policy, positions)
 
 
 def settings(records: list[Record]) -> list[Key]:
@@ -275,11 +287,13 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("tab10")
     keys = settings(records)
-    pairs = list(dict.fromkeys((k[0], k[1]) for k in keys if not keeps_all(k[0])))
+    pairs = list(dict.fromkeys((k[0], k[1]) for k in keys if not keeps_all(k[0]) and k != PEER))
     for key in keys:
         points = sorted((n, v) for (k, n), v in cells.items() if k == key)
         if keeps_all(key[0]):
             style: dict[str, Any] = {"color": "k", "lw": 2.5}
+        elif key == PEER:
+            style = {"color": "0.55", "lw": 2.5}
         else:  # a colour per policy and budget, dashed for original positions
             style = {"color": colors(pairs.index((key[0], key[1])) % 10)}
         dashes = "--" if key[2] == "original" else "-"

@@ -149,7 +149,9 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         {
             "choices": ("llama-server",),
             "default": None,
-            "help": "only kvtrim serve against llama.cpp's llama-server (built from the "
+            "help": "with --ruler: llama-server as a second full-cache reference, fed the "
+            "tokens kvtrim reads, on every item that fits its trained context. Alone: "
+            "kvtrim serve against llama.cpp's llama-server (built from the "
             "llama.cpp that llama-cpp-python vendors), alternating, same model and threads: "
             "throughput at 1/4/8 clients, reading 8K-64K-token documents, a second question "
             "about the same document (1-1.5 hours on 2 cores; with --quick a few minutes); "
@@ -163,7 +165,7 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "type": Path,
             "default": None,
             "metavar": "PATH",
-            "help": "with --peer: the llama-server to run (default: build it with "
+            "help": "with --peer and --ruler --peer: the llama-server to run (default: build with "
             "scripts/peer/build_llama_server.sh, which reuses a build)",
         },
     ),
@@ -391,7 +393,7 @@ def _multiturn_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def _ruler_config(args: argparse.Namespace) -> Any:
+def _ruler_config(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
     from ..bench import ruler
 
     cfg = ruler.RulerConfig.quick() if args.quick else ruler.RulerConfig()
@@ -413,6 +415,15 @@ def _ruler_config(args: argparse.Namespace) -> Any:
     if args.reference is not None:
         cfg.settings = [x for x in cfg.settings if not keeps_all(x[0])]
         cfg.reference = str(args.reference)
+    if args.peer:  # llama-server beside kvtrim's full cache, on the items that fit
+        from ..native.model import default_model_path
+        from ..session.config import default_threads
+
+        cfg.peer_binary = _peer_binary(args.peer_binary, err)
+        cfg.model = str(Path(args.model or default_model_path()).resolve())
+        cfg.threads = args.threads or default_threads()
+        at = next((i for i, x in enumerate(cfg.settings) if keeps_all(x[0])), -1)
+        cfg.settings.insert(at + 1, ruler.ruler_peer.SETTING)
     cfg.check()
     return cfg
 
@@ -515,13 +526,15 @@ def _multiturn(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _ruler(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ..bench import ruler, ruler_report
 
-    return _part(args, out, err, "ruler", lambda: _ruler_config(args), ruler, ruler_report)
+    return _part(args, out, err, "ruler", lambda: _ruler_config(args, err), ruler, ruler_report)
 
 
 def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from tqdm import tqdm
 
     _check_tools()
+    if args.ruler:  # before --peer: --ruler --peer adds llama-server to the suite
+        return _ruler(args, out, err)
     if args.peer:
         return _peer(args, out, err)
     if args.kv_memory:
@@ -530,8 +543,6 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _multiturn(args, out, err)
     if args.concurrency:
         return _concurrency(args, out, err)
-    if args.ruler:
-        return _ruler(args, out, err)
     if args.report_only:
         import json
 
