@@ -252,6 +252,25 @@ def test_parallel_summaries_use_the_same_config(engine):
         pool.close()
 
 
+def test_auto_positions_compact_short_texts_and_bound_long_ones():
+    """The default, ``auto``: compact while the text read is at most AUTO_SPAN
+    budgets, bounded beyond; the other modes do not look at the length."""
+    from engine.session.config import AUTO_SPAN, BOUNDED_GAP
+
+    spec = RequestSpec(budget_tokens=1024)
+    assert spec.positions == "auto"
+    assert spec.hole(AUTO_SPAN * 1024, 1024) == 0
+    assert spec.hole(AUTO_SPAN * 1024 + 1, 1024) == BOUNDED_GAP
+    assert spec.hole(AUTO_SPAN * 1024 + 1) == BOUNDED_GAP, "the spec's own budget by default"
+    assert spec.hole(AUTO_SPAN * 256 + 1, 256) == BOUNDED_GAP, "a pooled session's budget"
+    assert RequestSpec(position_gap=5).hole(10**6, 1024) == 5
+    for mode, want in (("compact", 0), ("bounded", BOUNDED_GAP), ("original", None)):
+        assert RequestSpec(positions=mode).hole(10**6, 1024) == want
+        assert RequestSpec(positions=mode).hole(0, 1024) == want
+    args = cli.parse_args(["ask", "x.txt", "-q", "?"])
+    assert args.positions == "auto" and RequestSpec.from_args(args).positions == "auto"
+
+
 def test_position_gap_bounds_the_holes_of_bounded_positions():
     """``--position-gap`` (added as one SessionOptions field and one flag: issue 21's
     proof) is the hole ``bounded`` leaves; compact closes holes, original keeps them."""

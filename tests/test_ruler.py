@@ -214,8 +214,9 @@ def test_repeats_to_the_end(text, runaway):
 def test_the_default_grid():
     cfg = ruler.RulerConfig()
     assert cfg.settings[0] == ("full", None, "original")
-    assert len(cfg.settings) == 1 + 4 * 2 * 3  # policies x budgets x position modes
+    assert len(cfg.settings) == 1 + 4 * 2 * 4  # policies x budgets x position modes
     assert ("streaming", 4096, "original") in cfg.settings
+    assert ("snapkv", 1024, "auto") in cfg.settings, "the default setting"
     assert len(cfg.documents()) == 4 * 3 * 6 * 3
     assert [d[0] for d in cfg.documents()] == sorted(d[0] for d in cfg.documents())
     quick = ruler.RulerConfig.quick()
@@ -551,7 +552,7 @@ class FakeLlamaServer:
         self.bodies = bodies
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 bodies.append((self.path, body))
                 status, out = reply(body)

@@ -97,7 +97,7 @@ def test_budget_larger_than_input_matches_plain_llama_cpp(engine, policy):
 def test_cache_stays_within_budget_in_prefill_and_decoding(engine, policy):
     budget, chunk = 200, 56  # 256 cells: llama.cpp pads caches to multiples of 256
     doc = prose(60, seed=2)
-    with engine.session(policy, budget, chunk_tokens=chunk) as s:
+    with engine.session(policy, budget, chunk_tokens=chunk, positions="compact") as s:
         evicted_in_decode = 0
         generating = False
         for event in s.summarize(doc, max_tokens=120, stops=()):
@@ -133,6 +133,28 @@ def test_budget_too_small_for_question_is_a_config_error(engine):
         engine.session("snapkv", 30)
     with pytest.raises(ConfigError):
         engine.session("snapkv", 8)
+
+
+def test_auto_positions_compact_a_short_read_and_bound_a_long_one(engine):
+    """``auto`` (the default): a text of at most AUTO_SPAN budgets is compacted to
+    0..n-1 after each eviction; a longer one keeps holes of at most the gap, the
+    same in the follow-up turns after it."""
+    from engine.session.config import AUTO_SPAN, BOUNDED_GAP
+
+    budget = 64
+    short, long = prose(60, seed=5), prose(250, seed=6)
+    assert len(engine.model.tokenize(short)) < AUTO_SPAN * budget < len(engine.model.tokenize(long))
+    for doc, bounded in ((short, False), (long, True)):
+        with engine.session("snapkv", budget, chunk_tokens=16) as s:
+            assert s.config.positions == "auto"
+            result = Session.collect(s.ask(doc, "Who repaired the bicycle?", max_tokens=4))
+            assert result.stats.evictions > 0
+            lpos = s.reader.cache.lpos
+            steps = np.diff(lpos)
+            assert steps.min() >= 1 and steps.max() <= BOUNDED_GAP + 1
+            assert (steps.max() > 1) == bounded, steps.max()
+            Session.collect(s.follow_up("And who watched?", max_tokens=4))
+            assert (np.diff(s.reader.cache.lpos).max() > 1) == bounded
 
 
 @pytest.mark.parametrize("positions", ["original", "bounded"])

@@ -110,7 +110,8 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "niah_multikey, niah_multivalue and variable_tracking in essay, noise and "
             "numbers haystacks of 4K-64K tokens at depths 0.1/0.4/0.7, the full cache "
             "(where the document fits the trained context) against snapkv, h2o, tova and "
-            "streaming at budgets 1024 and 4096 with compact and original positions. The "
+            "streaming at budgets 1024 and 4096 in each positions mode (auto, compact, original, "
+            "bounded). The "
             "full grid reads about 100M prompt tokens: days on 2 cores; with --quick (2K "
             "tokens, 12 answers) about a minute. --parts picks tasks, --positions position "
             "modes; writes OUT/ruler.json, OUT/ruler.md and OUT/ruler.png",
@@ -121,7 +122,7 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         {
             "type": _csv,
             "default": None,
-            "help": "with --ruler: which of compact,original,bounded (default: all)",
+            "help": "with --ruler: which of auto,compact,original,bounded (default: all)",
         },
     ),
     (

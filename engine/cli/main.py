@@ -31,6 +31,7 @@ from ..runtime.prefix import PrefixCache
 from ..runtime.spec import RequestSpec
 from ..runtime.states import default_store
 from ..runtime.summary import SummaryDone
+from ..session.config import AUTO_SPAN
 from ..session.core import BOUNDED_GAP, MIN_CHUNK, POSITION_MODES, Session
 from ..session.prompts import ask_prompt, prompt_tokens
 from ..stats import Done, Event, Evicted, Progress, Restored, Token
@@ -81,6 +82,7 @@ def _request_options() -> list[Option]:
     """ask, summarize and chat's options that make their ``RequestSpec``: a flag
     whose ``dest`` is a ``SessionOptions`` field sets that field (``from_args``)."""
     tokens = types.at_least(MIN_CHUNK, "tokens")
+    default = RequestSpec()
     return [
         (("--policy",), {"choices": list(POLICIES), "default": "snapkv",
             "help": f"eviction policy (default: snapkv). {help_lines()}"}),
@@ -90,10 +92,11 @@ def _request_options() -> list[Option]:
             "metavar": "N", "help": "tokens read between evictions (default: budget/4)"}),
         (("--no-question-aware",), {"dest": "question_aware", "action": "store_false",
             "help": "score with the document's own attention, not the question's"}),
-        (("--positions",), {"choices": list(POSITION_MODES), "default": "compact",
-            "help": "renumber kept tokens after eviction (compact, default), keep the "
-            "positions they were read at (original, as in the papers), or shorten each "
-            "hole to a few positions (bounded)"}),
+        (("--positions",), {"choices": list(POSITION_MODES), "default": default.positions,
+            "help": "after an eviction, renumber the kept tokens 0..n-1 (compact, llama.cpp's "
+            "context shift), shorten each hole to a few positions (bounded), keep the "
+            "positions they were read at (original, as in the papers), or auto (default): "
+            f"compact for text up to {AUTO_SPAN} budgets long, bounded beyond"}),
         (("--position-gap",), {"type": types.at_least(1, "positions"), "default": BOUNDED_GAP,
             "metavar": "N", "help": f"the longest hole --positions bounded leaves "
             f"(default: {BOUNDED_GAP})"}),

@@ -13,12 +13,19 @@ from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .sizing import MIN_CHUNK
 
 MAX_BATCH = 512  # tokens per llama_decode (llama.cpp's default micro-batch)
-POSITION_MODES = ("compact", "original", "bounded")
+POSITION_MODES = ("auto", "compact", "original", "bounded")
 """After an eviction, ``compact`` renumbers the kept tokens 0..n-1 (``seq_shift``),
 as StreamingLLM and llama.cpp's context shift do; ``original`` keeps the
-positions the tokens were read at (the H2O/SnapKV papers) and compacts only
-before passing the trained context; ``bounded`` shortens each hole an eviction
-leaves to at most ``BOUNDED_GAP`` positions, so distances stay ordered but small."""
+positions the tokens were read at (the H2O/SnapKV papers); ``bounded`` shortens
+each hole an eviction leaves to at most ``BOUNDED_GAP`` positions, so distances
+stay ordered but small; ``auto`` (the default) is compact while the sequence's
+text is at most ``AUTO_SPAN`` budgets long and bounded beyond. Each compacts
+fully before a position would pass the trained context."""
+AUTO_SPAN = 16
+"""``auto``'s switch, in budgets of text read (BENCHMARKS.md, "Positions by default"):
+compact found more at 2K-9K tokens (needle bars: 15 of 24 real-text keys against 11;
+H2O's README demo), bounded at 30K-64K (RULER: 12 of 15 against 10, and the 30K
+release-notes answer), even at 16K-32K."""
 BOUNDED_GAP = 64  # positions a hole keeps in ``bounded`` mode (positions_probe.py: 16 and 64)
 
 
@@ -31,9 +38,7 @@ class SessionOptions:
     the server, the app). Sizes in tokens (= KV cells).
 
     ``chunk_tokens``: tokens read between evictions (None: budget / 4).
-    ``positions``: see ``POSITION_MODES``. Compact is the default because on the
-    default model it decides whether a kept fact is found at all (a 9K-token
-    passkey document, budget 1024: found with compact, missed with original);
+    ``positions``: see ``POSITION_MODES`` (``auto`` by default: see ``AUTO_SPAN``);
     ``position_gap``: the longest hole ``bounded`` leaves, in positions.
     ``kv_type``: K cache type, and V's too where flash attention runs (policies
     that read no attention);
@@ -48,7 +53,7 @@ class SessionOptions:
     budget_tokens: int = 1024
     chunk_tokens: int | None = None
     question_aware: bool = True
-    positions: str = "compact"
+    positions: str = "auto"
     position_gap: int = BOUNDED_GAP
     flash_attn: str = "auto"
     kv_type: str | None = None
@@ -93,10 +98,16 @@ class SessionOptions:
             return self.recall_tokens
         return max(self.chunk(), 2 * RECALL_WINDOW)
 
-    def hole(self) -> int | None:
+    def hole(self, read: int = 0, budget: int | None = None) -> int | None:
         """The longest hole an eviction may leave in the positions: 0 (compact),
-        ``position_gap`` (bounded), or None (original: holes stay)."""
-        return {"compact": 0, "bounded": self.position_gap}.get(self.positions)
+        ``position_gap`` (bounded), or None (original: holes stay); ``auto`` decides
+        by ``read``, the tokens of text the sequence reads, against ``budget`` tokens
+        (the session's; default ``budget_tokens``)."""
+        mode = self.positions
+        if mode == "auto":
+            span = AUTO_SPAN * (budget or self.budget_tokens)
+            mode = "bounded" if read > span else "compact"
+        return {"compact": 0, "bounded": self.position_gap}.get(mode)
 
 
 @dataclass(frozen=True)

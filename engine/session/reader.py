@@ -58,6 +58,7 @@ class Reader:
         """Called at "read" (a prompt's text is in, before its question) and "answer"
         (before the first token of an answer): where a caller may save the cache."""
         self.answer_stops: tuple[str, ...] = ()  # the stop strings of the latest answer
+        self.planned = 0  # tokens the sequence holds and reads, as the latest feed began
 
     def reset(self) -> None:
         """Empty the cache and forget what the policy observed."""
@@ -67,6 +68,7 @@ class Reader:
         self.stats = self.new_stats()
         self.trace = self._new_trace()
         self.logits = None
+        self.planned = 0
         self.sync_stats()  # a pool counts cells from the last report: now none
 
     @property
@@ -114,6 +116,7 @@ class Reader:
         """
         window = list(observe) if self.question_aware else []
         reserve, total, done = len(window), len(tokens), 0
+        self.planned = max(self.planned, self.cache.next_id + total)  # decides ``auto``
         limit, target = self.sizing.limits(reserve)
         fits = self.cache.n_used + total <= limit
         if self.policy.evicts and limit - target < 1 and not fits:
@@ -229,8 +232,9 @@ class Reader:
         yield Evicted(self.cache.n_used, removed, self.stats)
 
     def close_holes(self) -> None:
-        """Renumber positions after tokens left the cache, as ``positions`` says."""
-        gap = self.config.hole()
+        """Renumber positions after tokens left the cache, as ``positions`` says
+        (``auto``: by the text this sequence reads, decided before a read evicts)."""
+        gap = self.config.hole(max(self.planned, self.cache.next_id), self.sizing.budget)
         if gap is not None:
             self.cache.compact(gap)
 
