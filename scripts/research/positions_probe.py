@@ -27,7 +27,6 @@ import numpy as np
 
 from engine import Engine, Session
 from engine.bench.tasks import log_softmax
-from engine.session import core as session_module
 from engine.session.prompts import ask_prompt
 from engine.session.sampling import Sampling
 
@@ -76,9 +75,10 @@ def probe(engine: Engine, doc: str, policy: str, budget: int, positions: str) ->
     tail = model.tokenize(prompt.suffix, markup=prompt.suffix_markup)
     answer = model.tokenize(ANSWER)
     start = time.perf_counter()
+    gap = {}
     if positions.startswith("gap"):  # bounded mode with this gap
-        session_module.BOUNDED_GAP, positions = int(positions[3:]), "bounded"
-    with engine.session(policy, budget, positions=positions) as s:
+        gap, positions = {"position_gap": int(positions[3:])}, "bounded"
+    with engine.session(policy, budget, positions=positions, **gap) as s:
         for _ in s.run_tokens(head, tail, max_tokens=0):
             pass
         first, first_id = s.reader.logits.copy(), s.cache.next_id
@@ -95,6 +95,7 @@ def probe(engine: Engine, doc: str, policy: str, budget: int, positions: str) ->
         "policy": policy,
         "budget": budget,
         "positions": positions,
+        **gap,
         "prompt_tokens": len(head) + len(tail),
         "max_position": held_lpos_max,
         "answer_pieces": pieces,
@@ -110,14 +111,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default="8192,16384,30000")
     p.add_argument("--budget", type=int, default=1024)
-    p.add_argument("--modes", default="compact,original")
+    p.add_argument("--modes", default="compact,original", help="also auto, bounded, gapN")
+    p.add_argument(
+        "--full",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the full cache as the reference where the document fits",
+    )
     args = p.parse_args()
     with Engine() as engine:
         n_train = engine.model.info.n_ctx_train
         for n in (int(x) for x in args.lengths.split(",")):
             doc = document(engine, n)
             runs = [("snapkv", args.budget, m) for m in args.modes.split(",")]
-            if n + 256 < n_train:
+            if args.full and n + 256 < n_train:
                 runs.insert(0, ("full", n + 256, "original"))
             for policy, budget, mode in runs:
                 r = probe(engine, doc, policy, budget, mode)
