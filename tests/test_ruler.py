@@ -442,7 +442,7 @@ def test_report_tables(tmp_path):
             "1/1",
             True,
         ),
-        ("no answer runs to the token limit repeating itself", "1", False),
+        ("no kvtrim answer runs to the token limit repeating itself", "1", False),
     ]
 
 
@@ -581,12 +581,15 @@ def test_llama_server_gets_the_tokens_greedy_with_the_prompts_stops():
         if len(body["prompt"]) > 3:
             return 400, {"error": {"message": "request (4 tokens) exceeds the context size"}}
         timings = {"prompt_n": 3, "prompt_ms": 250.0}
-        return 200, {"content": " 42.", "stopped_limit": False, "timings": timings}
+        if body["prompt"] == [2, 7, 8]:  # this llama.cpp's field for a reply cut at n_predict
+            return 200, {"content": " 4242", "stop_type": "limit", "timings": timings}
+        return 200, {"content": " 42.", "stop_type": "word", "timings": timings}
 
     server = FakeLlamaServer(reply)
     try:
         got = ruler_peer.complete(server.url, [2, 7, 9], ("\n\n",), 32)
         refused = ruler_peer.complete(server.url, [2, 7, 9, 11], ("\n\n",), 32)
+        cut = ruler_peer.complete(server.url, [2, 7, 8], ("\n\n",), 32)
     finally:
         server.close()
     path, body = server.bodies[0]
@@ -601,6 +604,7 @@ def test_llama_server_gets_the_tokens_greedy_with_the_prompts_stops():
     assert got["error"] is None and got["text"] == " 42." and got["reason"] == "stop"
     assert got["length_tokens"] == 3 and got["prefill_s"] == 0.25
     assert refused["error"].startswith("llama-server 400: ") and "exceeds" in refused["error"]
+    assert cut["reason"] == "length" and cut["text"] == " 4242"
 
 
 def test_run_asks_llama_server_each_item_that_fits(tmp_path, monkeypatch):
@@ -638,6 +642,11 @@ def test_run_asks_llama_server_each_item_that_fits(tmp_path, monkeypatch):
     assert all(r["error"] is None and r["evicted_tokens"] == 0 for r in peer)
     md = ruler_report.markdown(result, [])
     assert "| llama-server (full cache) | 100% |" in md
+    for r in result["records"]:  # llama-server has no loop guard: its runaways are not kvtrim's
+        r["runaway"] = r["policy"] == "llama-server"
+    targets = {t: ok for t, _, ok in ruler_report.targets(result)}
+    assert targets["no kvtrim answer runs to the token limit repeating itself"] is True
+    assert "| llama-server (full cache) | 4 | 4 |" in ruler_report.markdown(result, [])
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ")]
     assert rows.index("| llama-server (full cache)") == rows.index("| full") + 1
 

@@ -64,7 +64,9 @@ def complete(
     return {
         "error": None,
         "text": data.get("content") or "",
-        "reason": "length" if data.get("stopped_limit") else "stop",
+        "reason": "length"
+        if data.get("stop_type") == "limit" or data.get("stopped_limit")
+        else "stop",
         "length_tokens": timings.get("prompt_n", len(tokens)),
         "prefill_s": (timings.get("prompt_ms") or 0.0) / 1000,
         "total_s": total,

@@ -213,8 +213,10 @@ def targets(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
     for check in (_within_full(records, key, 5.0), _past_training(result, key, 0.9)):
         if check is not None:
             found.append(check)
-    runaway = sum(bool(r.get("runaway")) for r in records)
-    found.append(("no answer runs to the token limit repeating itself", f"{runaway}", not runaway))
+    runaway = sum(bool(r.get("runaway")) for r in records if setting(r) != PEER)
+    found.append(
+        ("no kvtrim answer runs to the token limit repeating itself", f"{runaway}", not runaway)
+    )
     return found
 
 
