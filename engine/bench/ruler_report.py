@@ -277,6 +277,10 @@ def markdown(result: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_MODE_STYLE = {"compact": ("-", "o"), "original": ("--", "v"), "bounded": (":", "^"),
+               "auto": ("-.", "D")}  # fmt: skip
+
+
 def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     """Accuracy against length, a line per setting: ``ruler.png``."""
     records = result["records"]
@@ -293,13 +297,14 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
     for key in keys:
         points = sorted((n, v) for (k, n), v in cells.items() if k == key)
         if keeps_all(key[0]):
-            style: dict[str, Any] = {"color": "k", "lw": 2.5}
-        elif key == PEER:
-            style = {"color": "0.55", "lw": 2.5}
-        else:  # a colour per policy and budget, dashed for original positions
-            style = {"color": colors(pairs.index((key[0], key[1])) % 10)}
-        dashes = "--" if key[2] == "original" else "-"
-        ax.plot(*zip(*points, strict=True), dashes, marker="o", ms=3, label=label(key), **style)
+            style: dict[str, Any] = {"color": "k", "lw": 4, "alpha": 0.35, "marker": "s"}
+        elif key == PEER:  # on top of kvtrim's full cache, which it matches
+            style = {"color": "0.3", "lw": 1.5, "ls": (0, (1, 1)), "marker": "x", "ms": 6}
+        else:  # a colour per policy and budget, a line style and marker per positions mode
+            line, mark = _MODE_STYLE.get(key[2], ("-", "o"))
+            style = {"color": colors(pairs.index((key[0], key[1])) % 10), "ls": line}
+            style["marker"] = mark
+        ax.plot(*zip(*points, strict=True), label=label(key), **{"ms": 4, **style})
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({n for _, n in cells}))
     ax.xaxis.set_major_formatter(ScalarFormatter())
