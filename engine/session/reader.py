@@ -133,12 +133,7 @@ class Reader:
                     yield from self.evict(window, target=target)
                     free = limit - self.cache.n_used
                     if free < 1:
-                        raise ConfigError(
-                            f"this request's share of the KV pool ({self.sizing.n_ctx_max} "
-                            f"cells) leaves no room to read beside a {reserve}-token "
-                            "question; retry when fewer requests run, or give the pool more "
-                            "cells"
-                        )
+                        raise ConfigError(_no_share(self.sizing.n_ctx_max, reserve))
                 n = min(total - done, free, self.ctx.n_batch)
                 last = done + n == total
                 self.decode(tokens[done : done + n], logits=logits and last, every=every)
@@ -329,6 +324,15 @@ class Reader:
         s.n_ctx = self.ctx.n_ctx
         s.swa_cells = self.ctx.swa_cells
         self.sizing.report(s)
+
+
+def _no_share(cells: int, reserve: int) -> str:
+    """Why a pooled request cannot read on: its share is full beside the question."""
+    return (
+        f"this request's share of the KV pool ({cells} cells) leaves no room to read beside "
+        f"a {reserve}-token question; retry when fewer requests run, or give the pool more "
+        "cells"
+    )
 
 
 def _no_room(reserve: int, max_position: int, budget: int) -> str:
