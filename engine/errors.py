@@ -45,6 +45,11 @@ class StateError(KvtrimError):
     corrupt or truncated file. The message says why; the caller reads the text again."""
 
 
+class PeerError(KvtrimError):
+    """A benchmark's server (llama-server, kvtrim serve) did not start: the message
+    names its log and ends with the log's last lines."""
+
+
 class EngineError(KvtrimError):
     """llama.cpp returned an error the engine did not expect."""
 

@@ -21,6 +21,7 @@ from engine.bench import peer, peer_report
 from engine.bench import peer_client as pc
 from engine.bench import peer_servers as ps
 from engine.cli.main import main
+from engine.errors import PeerError
 from engine.session.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +307,7 @@ def test_a_server_that_ignores_terminate_is_killed(tmp_path, monkeypatch):
 def test_a_server_that_exits_before_it_is_ready_is_reported(tmp_path):
     argv = _script(tmp_path, "import sys\nprint('error: no such model')\nsys.exit(3)\n")
     server = ps.ServerProcess(lambda port: argv, tmp_path / "c.log")
-    with pytest.raises(RuntimeError, match=r"exited \(3\)[\s\S]*no such model"), server:
+    with pytest.raises(PeerError, match=r"exited \(3\)[\s\S]*no such model"), server:
         pass
 
 

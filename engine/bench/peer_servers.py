@@ -22,6 +22,8 @@ from types import TracebackType
 
 import httpx
 
+from ..errors import PeerError
+
 PEER = "llama-server"
 KVTRIM = "kvtrim"
 HOST = "127.0.0.1"
@@ -222,7 +224,7 @@ class ServerProcess:
         with httpx.Client(timeout=5) as http:
             while time.perf_counter() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(
+                    raise PeerError(
                         f"{self.log_path.name}: the server exited ({self.proc.returncode}) "
                         f"before it was ready:\n{log_tail(self.log_path)}"
                     )
@@ -232,7 +234,7 @@ class ServerProcess:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.2)
-        raise RuntimeError(f"{self.log_path.name}: not ready after {self.ready_s:.0f} s")
+        raise PeerError(f"{self.log_path.name}: not ready after {self.ready_s:.0f} s")
 
     def stop(self) -> int | None:
         """Terminate the server, kill it if it is still there after ``STOP_S``;
