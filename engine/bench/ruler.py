@@ -452,17 +452,12 @@ def ask(
                 )
             )
     except (ConfigError, ContextOverflowError, OutOfMemoryError) as exc:
-        rec.update(error=f"{type(exc).__name__}: {exc}", score=None, answer="", reason=None)
-        rec.update(runaway=False, length_tokens=n_doc, total_s=time.perf_counter() - start)
+        rec.update(_refused(f"{type(exc).__name__}: {exc}"))
+        rec.update(length_tokens=n_doc, total_s=time.perf_counter() - start)
         return rec
     stats = result.stats
     rec.update(
-        error=None,
-        score=score(item.task, result.text, needles.expected),
-        whole_score=whole_score(item.task, result.text, needles.expected),
-        answer=result.text.strip(),
-        reason=result.reason,
-        runaway=result.reason == "length" and repeats_to_the_end(result.text),
+        _answered(item, result.text, result.reason),
         length_tokens=stats.prompt_tokens,
         prefill_s=stats.prefill_s,
         total_s=time.perf_counter() - start,
@@ -471,6 +466,24 @@ def ask(
         evicted_tokens=stats.evicted_tokens,
     )
     return rec
+
+
+def _answered(item: Item, text: str, reason: str | None) -> dict[str, Any]:
+    """A record's answer fields: ``text`` scored both ways, and whether it ran away."""
+    expected = item.needles.expected
+    return {
+        "error": None,
+        "score": score(item.task, text, expected),
+        "whole_score": whole_score(item.task, text, expected),
+        "answer": text.strip(),
+        "reason": reason,
+        "runaway": reason == "length" and repeats_to_the_end(text),
+    }
+
+
+def _refused(error: str) -> dict[str, Any]:
+    """A record's answer fields where the item got no answer (``error`` says why)."""
+    return {"error": error, "score": None, "answer": "", "reason": None, "runaway": False}
 
 
 def fits_full(engine: Engine, item: Item, n_doc: int) -> bool:
@@ -487,19 +500,11 @@ def ask_peer(url: str, engine: Engine, item: Item, max_tokens: int) -> dict[str,
     )
     rec: dict[str, Any] = {"budget_tokens": None, "expected": needles.expected}
     got = ruler_peer.complete(url, ids, stops, max_tokens)
-    text = got.pop("text")
+    text, error = got.pop("text"), got.pop("error")
     rec.update(got, length_tokens=got.get("length_tokens", len(ids)))
-    if got["error"] is not None:
-        rec.update(score=None, answer="", reason=None, runaway=False)
-        return rec
-    rec.update(
-        score=score(item.task, text, needles.expected),
-        whole_score=whole_score(item.task, text, needles.expected),
-        answer=text.strip(),
-        runaway=got["reason"] == "length" and repeats_to_the_end(text),
-        evicted_tokens=0,
-    )
-    return rec
+    if error is not None:
+        return {**rec, **_refused(error)}
+    return {**rec, **_answered(item, text, got["reason"]), "evicted_tokens": 0}
 
 
 def _peer_url(cfg: RulerConfig, engine: Engine, out_dir: Path, stack: contextlib.ExitStack) -> str:
