@@ -32,7 +32,7 @@ from ..runtime.spec import RequestSpec
 from ..runtime.states import default_store
 from ..runtime.summary import SummaryDone
 from ..session.config import AUTO_SPAN
-from ..session.core import BOUNDED_GAP, MIN_CHUNK, POSITION_MODES, Session
+from ..session.core import MIN_CHUNK, POSITION_MODES, Session
 from ..session.prompts import ask_prompt, prompt_tokens
 from ..stats import Done, Event, Evicted, Progress, Restored, Token
 from . import bench as bench_cli
@@ -82,13 +82,15 @@ def _request_options() -> list[Option]:
     """ask, summarize and chat's options that make their ``RequestSpec``: a flag
     whose ``dest`` is a ``SessionOptions`` field sets that field (``from_args``)."""
     tokens = types.at_least(MIN_CHUNK, "tokens")
-    default = RequestSpec()
+    default = RequestSpec()  # each option's default is the spec's: declared once
+    greedy = default.sampling
     return [
-        (("--policy",), {"choices": list(POLICIES), "default": "snapkv",
-            "help": f"eviction policy (default: snapkv). {help_lines()}"}),
-        (("--budget",), {"dest": "budget_tokens", "type": tokens, "default": 1024,
-            "metavar": "N", "help": "KV cells kept after each eviction (default: 1024)"}),
-        (("--chunk",), {"dest": "chunk_tokens", "type": tokens, "default": None,
+        (("--policy",), {"choices": list(POLICIES), "default": default.policy,
+            "help": f"eviction policy (default: {default.policy}). {help_lines()}"}),
+        (("--budget",), {"dest": "budget_tokens", "type": tokens,
+            "default": default.budget_tokens, "metavar": "N",
+            "help": f"KV cells kept after each eviction (default: {default.budget_tokens})"}),
+        (("--chunk",), {"dest": "chunk_tokens", "type": tokens, "default": default.chunk_tokens,
             "metavar": "N", "help": "tokens read between evictions (default: budget/4)"}),
         (("--no-question-aware",), {"dest": "question_aware", "action": "store_false",
             "help": "score with the document's own attention, not the question's"}),
@@ -97,21 +99,23 @@ def _request_options() -> list[Option]:
             "context shift), shorten each hole to a few positions (bounded), keep the "
             "positions they were read at (original, as in the papers), or auto (default): "
             f"compact for text up to {AUTO_SPAN} budgets long, bounded beyond"}),
-        (("--position-gap",), {"type": types.at_least(1, "positions"), "default": BOUNDED_GAP,
-            "metavar": "N", "help": f"the longest hole --positions bounded leaves "
-            f"(default: {BOUNDED_GAP})"}),
-        (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": "auto",
+        (("--position-gap",), {"type": types.at_least(1, "positions"),
+            "default": default.position_gap, "metavar": "N",
+            "help": "the longest hole --positions bounded leaves "
+            f"(default: {default.position_gap})"}),
+        (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": default.flash_attn,
             "help": "flash attention (policies that read attention always run without it)"}),
         *types.KV_OPTIONS,
-        (("--answer-prefix",), {"default": "", "metavar": "TEXT",
+        (("--answer-prefix",), {"default": default.answer_prefix, "metavar": "TEXT",
             "help": "text the answer starts with (helps base models: 'The pass key is')"}),
-        (("--max-tokens",), {"type": types.at_least(1, "tokens"), "default": 128,
+        (("--max-tokens",), {"type": types.at_least(1, "tokens"), "default": default.max_tokens,
             "metavar": "N", "help": "the longest answer, in tokens; of a summary, each "
-            "part's (default: 128)"}),
-        (("--temperature",), {"type": types.temperature, "default": 0.0,
+            f"part's (default: {default.max_tokens})"}),
+        (("--temperature",), {"type": types.temperature, "default": greedy.temperature,
             "help": "0 is greedy (default)"}),
-        (("--top-p",), {"type": types.top_p, "default": 1.0, "help": "in (0, 1] (default: 1)"}),
-        (("--seed",), {"type": types.at_least(0), "default": None, "metavar": "N"}),
+        (("--top-p",), {"type": types.top_p, "default": greedy.top_p,
+            "help": f"in (0, 1] (default: {greedy.top_p:g})"}),
+        (("--seed",), {"type": types.at_least(0), "default": greedy.seed, "metavar": "N"}),
         (("--stop",), {"action": "append", "default": None, "metavar": "TEXT",
             "help": "stop string (repeatable; default: the prompt's own)"}),
     ]  # fmt: skip
