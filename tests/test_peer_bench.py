@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from json_server import JsonServer
 
 from engine.bench import peer, peer_report
 from engine.bench import peer_client as pc
@@ -107,58 +108,34 @@ def test_the_fallback_template_renders_kvtrims_chat_format():
     assert rendered == p.prefix + p.document + p.suffix
 
 
-class _Completions:
-    """A tiny /v1/completions server in a thread: answers ``ok`` with a usage and
-    llama-server's timings, or a 500 from request ``fail_at`` on."""
+def _completions(fail_at: int | None = None) -> JsonServer:
+    """A tiny /v1/completions server: answers ``ok`` with a usage and llama-server's
+    timings, or a 500 from request ``fail_at`` on (``len(server.requests)`` counts)."""
+    requests: list[object] = []
 
-    def __init__(self, fail_at: int | None = None) -> None:
-        import http.server
-        import threading
+    def reply(path: str, body: object) -> tuple[int, dict]:
+        requests.append(body)
+        failed = fail_at is not None and len(requests) >= fail_at
+        return 500 if failed else 200, {
+            "id": "c",
+            "object": "text_completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"text": "ok", "index": 0, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+            "timings": {"prompt_per_second": 100.0, "cache_n": 0},
+        }
 
-        self.count, self.fail_at = 0, fail_at
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["Content-Length"]))
-                owner.count += 1
-                failed = owner.fail_at is not None and owner.count >= owner.fail_at
-                body = json.dumps(
-                    {
-                        "id": "c",
-                        "object": "text_completion",
-                        "created": 0,
-                        "model": "m",
-                        "choices": [{"text": "ok", "index": 0, "finish_reason": "length"}],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-                        "timings": {"prompt_per_second": 100.0, "cache_n": 0},
-                    }
-                ).encode()
-                self.send_response(500 if failed else 200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
+    return JsonServer(reply)
 
 
 def test_load_sends_every_prompt_once_from_n_clients():
-    server = _Completions()
+    server = _completions()
     try:
         got = pc.load(server.url, [f"p{i}" for i in range(6)], 3, 2, stream=False)
     finally:
         server.close()
-    assert server.count == 6 and got["answers"] == ["ok"] * 6
+    assert len(server.requests) == 6 and got["answers"] == ["ok"] * 6
     assert got["completion_tokens"] == [2] * 6 and got["prompt_tokens"] == [5] * 6
     assert got["requests_per_s"] == pytest.approx(6 / got["wall_s"])
     assert got["latency_p50_s"] > 0 and got["ttft_p50_s"] is None
@@ -167,13 +144,13 @@ def test_load_sends_every_prompt_once_from_n_clients():
 def test_load_stops_sending_after_a_failed_request():
     import openai
 
-    server = _Completions(fail_at=2)
+    server = _completions(fail_at=2)
     try:
         with pytest.raises(openai.InternalServerError):
             pc.load(server.url, [f"p{i}" for i in range(20)], 1, 2, stream=False)
     finally:
         server.close()
-    assert server.count == 2
+    assert len(server.requests) == 2
 
 
 # ---------------------------------------------------------------- alternation

@@ -11,6 +11,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from json_server import JsonServer
 
 from engine.bench import ruler, ruler_report, texts
 from engine.cli import bench as bench_cli
@@ -540,40 +541,6 @@ def test_ruler_parts_name_tasks_and_haystacks_and_depths_count():
     assert cfg.depths == [0.25, 0.75]
 
 
-class FakeLlamaServer:
-    """llama-server's ``/completion`` on a loopback port: answers with the value the
-    test names (``reply``), or refuses with a 400; records each request's body."""
-
-    def __init__(self, reply):
-        import http.server
-        import threading
-
-        bodies, self.reply = [], reply
-        self.bodies = bodies
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                bodies.append((self.path, body))
-                status, out = reply(body)
-                data = json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                return None
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_llama_server_gets_the_tokens_greedy_with_the_prompts_stops():
     from engine.bench import ruler_peer
 
@@ -585,14 +552,14 @@ def test_llama_server_gets_the_tokens_greedy_with_the_prompts_stops():
             return 200, {"content": " 4242", "stop_type": "limit", "timings": timings}
         return 200, {"content": " 42.", "stop_type": "word", "timings": timings}
 
-    server = FakeLlamaServer(reply)
+    server = JsonServer(lambda path, body: reply(body))
     try:
         got = ruler_peer.complete(server.url, [2, 7, 9], ("\n\n",), 32)
         refused = ruler_peer.complete(server.url, [2, 7, 9, 11], ("\n\n",), 32)
         cut = ruler_peer.complete(server.url, [2, 7, 8], ("\n\n",), 32)
     finally:
         server.close()
-    path, body = server.bodies[0]
+    path, body = server.requests[0]
     assert path == "/completion"
     assert body == {
         "prompt": [2, 7, 9],
@@ -627,7 +594,7 @@ def test_run_asks_llama_server_each_item_that_fits(tmp_path, monkeypatch):
         value = body["prompt"][0]
         return 200, {"content": f" {value}. {value}", "stopped_limit": True, "timings": {}}
 
-    server = FakeLlamaServer(reply)
+    server = JsonServer(lambda path, body: reply(body))
     monkeypatch.setattr(ruler_peer, "prompt_ids", prompt_ids)
     monkeypatch.setattr(ruler, "_peer_url", lambda cfg, engine, out_dir, stack: server.url)
     try:
