@@ -417,12 +417,7 @@ def _ruler_config(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
         cfg.settings = [x for x in cfg.settings if not keeps_all(x[0])]
         cfg.reference = str(args.reference)
     if args.peer:  # llama-server beside kvtrim's full cache, on the items that fit
-        from ..native.model import default_model_path
-        from ..session.config import default_threads
-
-        cfg.peer_binary = _peer_binary(args.peer_binary, err)
-        cfg.model = str(Path(args.model or default_model_path()).resolve())
-        cfg.threads = args.threads or default_threads()
+        cfg.peer_binary, cfg.model, cfg.threads = _peer_run(args, err)
         at = next((i for i, x in enumerate(cfg.settings) if keeps_all(x[0])), -1)
         cfg.settings.insert(at + 1, ruler.ruler_peer.SETTING)
     cfg.check()
@@ -477,10 +472,18 @@ def _peer_binary(path: Path | None, err: TextIO) -> str:
     return str(path.resolve())
 
 
-def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
-    from ..bench import peer
+def _peer_run(args: argparse.Namespace, err: TextIO) -> tuple[str, str, int]:
+    """llama-server's binary, the model file both servers load and their threads."""
     from ..native.model import default_model_path
     from ..session.config import default_threads
+
+    threads = args.threads or default_threads()
+    model = str(Path(args.model or default_model_path()).resolve())
+    return _peer_binary(args.peer_binary, err), model, threads  # a build comes last
+
+
+def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
+    from ..bench import peer
 
     cfg = peer.PeerConfig.quick() if args.quick else peer.PeerConfig()
     if args.parts is not None:
@@ -491,9 +494,7 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     bad = [n for n in (*cfg.clients, *cfg.lengths, cfg.rounds) if n < 1]
     if bad:
         raise ConfigError(f"--clients, --lengths and --rounds must be at least 1, got {bad[0]}")
-    cfg.threads = args.threads or default_threads()
-    cfg.model = str(Path(args.model or default_model_path()).resolve())
-    cfg.peer_binary = _peer_binary(args.peer_binary, err)
+    cfg.peer_binary, cfg.model, cfg.threads = _peer_run(args, err)
     return cfg
 
 
