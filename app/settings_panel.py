@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.native.embedded import DEFAULT, EMBEDDED
 from engine.native.finder import FoundModel, find_models
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import H2O, POLICIES
@@ -175,6 +176,19 @@ def _explained(widget: QWidget, text: str) -> QWidget:
     return box
 
 
+def _builtin_models() -> QComboBox:
+    """The models kvtrim ships, by title; one not installed is listed, disabled, with
+    the command that installs it."""
+    combo = _combo()
+    for m in EMBEDDED.values():
+        combo.addItem(m.title, m.name)
+        if not m.installed():
+            item = combo.model().item(combo.count() - 1)  # type: ignore[attr-defined]
+            item.setEnabled(False)
+            item.setToolTip(f"not installed: {m.install}")
+    return combo
+
+
 class SettingsPanel(QWidget):
     """Edits ``settings``; the window saves it when ``changed`` fires."""
 
@@ -219,6 +233,9 @@ class SettingsPanel(QWidget):
         choose.clicked.connect(self._choose_model)
         default.clicked.connect(lambda: self.model_path.setText(""))
         form.addRow(_row(choose, default))
+        self.builtin = _builtin_models()
+        self.builtin.activated.connect(lambda i: self._choose_found(self.builtin.itemData(i)))
+        form.addRow("Built in", _explained(self.builtin, "Models kvtrim ships: no download."))
         self.models.chosen.connect(self._choose_found)
         form.addRow(
             "On this computer",
@@ -240,6 +257,8 @@ class SettingsPanel(QWidget):
         self.reload_button.clicked.connect(self._reload)
         form.addRow(self.reload_button)
         self.model_path.textChanged.connect(self.models.select)
+        self.model_path.textChanged.connect(self._show_builtin)
+        self._show_builtin(self.model_path.text())
         for signal in (
             self.model_path.textChanged,
             self.gpu_layers.valueChanged,
@@ -367,6 +386,10 @@ class SettingsPanel(QWidget):
 
     def refresh_models(self) -> None:
         self.models.refresh()
+
+    def _show_builtin(self, model: str) -> None:
+        """Select the built-in model ``model`` names ("" is the default), else none."""
+        self.builtin.setCurrentIndex(self.builtin.findData(model.strip().lower() or DEFAULT))
 
     def _choose_found(self, path: str) -> None:
         """A found model chosen: it becomes the model path and loads at once."""

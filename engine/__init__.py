@@ -17,7 +17,8 @@ from .errors import (
     StateError,
     TemplateError,
 )
-from .native.model import Model, ModelInfo, default_model_path
+from .native.embedded import default_model_path
+from .native.model import Model, ModelInfo
 from .policies import H2O, POLICIES, TOVA, Full, Policy, SnapKV, StreamingLLM, make_policy
 from .runtime.engine import Engine
 from .session.core import Session, SessionConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from docs_for_tests import text_pdf
 
-from engine.native.model import default_model_path
+from engine.native.embedded import default_model_path
 
 
 def pdfs() -> dict[str, bytes]:

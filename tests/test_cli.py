@@ -12,7 +12,7 @@ import pytest
 from docs_for_tests import prose
 
 from engine.cli.main import main
-from engine.native.model import default_model_path
+from engine.native.embedded import default_model_path
 
 KEYS = {
     "answer",

@@ -214,7 +214,7 @@ ABORT_WHILE_LOADING = textwrap.dedent(
 @pytest.mark.slow
 def test_an_abort_while_loading_says_the_model_file_looks_corrupt(tmp_path, monkeypatch):
     """Issue 23, FAIL 4: the next start's note names the model file, not --repack off."""
-    from engine.native.model import default_model_path
+    from engine.native.embedded import default_model_path
 
     crashes = tmp_path / "crashes"
     env = {**os.environ, "KVTRIM_CRASH_DIR": str(crashes)}

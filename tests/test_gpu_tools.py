@@ -49,7 +49,7 @@ def test_full_shapes_match_the_published_files():
 
 
 def test_the_vocabulary_reader_agrees_with_gguf(tmp_path):
-    from engine.native.model import default_model_path
+    from engine.native.embedded import default_model_path
 
     vocab = synth.Vocab.read(Path(default_model_path()))
     out = tmp_path / "vocab.gguf"
@@ -66,7 +66,7 @@ def test_the_vocabulary_reader_agrees_with_gguf(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    from engine.native.model import default_model_path
+    from engine.native.embedded import default_model_path
 
     out = tmp_path_factory.mktemp("synth")
     vocab = synth.Vocab.read(Path(default_model_path()))

@@ -13,7 +13,7 @@ import pytest
 from test_chat_templates import _skip, _u64
 
 from engine import Engine, ModelError
-from engine.native.model import default_model_path
+from engine.native.embedded import default_model_path
 
 pytestmark = pytest.mark.slow
 

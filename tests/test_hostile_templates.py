@@ -13,7 +13,7 @@ from test_chat_templates import gguf_with_template
 from engine import Engine, ModelError
 from engine.cli.main import main
 from engine.errors import TemplateError
-from engine.native.model import default_model_path
+from engine.native.embedded import default_model_path
 from engine.serve.api_errors import from_engine
 
 pytestmark = pytest.mark.slow

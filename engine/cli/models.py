@@ -1,5 +1,6 @@
-"""``kvtrim models``: the GGUF models LM Studio, Ollama and Hugging Face already
-downloaded to this computer, each usable as ``--model PATH``."""
+"""``kvtrim models``: the models kvtrim ships (``--model NAME``) and the GGUF models
+LM Studio, Ollama and Hugging Face already downloaded to this computer, each usable
+as ``--model PATH``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from typing import Any, TextIO
 
 from ..errors import shown
+from ..native.embedded import DEFAULT, EMBEDDED
 from ..native.finder import default_roots, find_models, format_size
 
 
@@ -15,9 +17,11 @@ def add_parser(sub: Any) -> None:
     """Registers ``models`` on the ``kvtrim`` subcommands."""
     p = sub.add_parser(
         "models",
-        help="list the GGUF models LM Studio, Ollama and Hugging Face downloaded here",
-        description="Looks in LM Studio's models folder, Ollama's model store and the "
-        "Hugging Face cache; any path shown works as --model PATH.",
+        help="list the models kvtrim ships and those LM Studio, Ollama and Hugging Face "
+        "downloaded here",
+        description="The models kvtrim ships (--model NAME), then the GGUF files in LM "
+        "Studio's models folder, Ollama's model store and the Hugging Face cache; any path "
+        "shown works as --model PATH.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list")
 
@@ -27,14 +31,19 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     roots = default_roots()
     models = find_models(roots)
     if args.json:
-        rows = [
+        rows = [*_embedded_rows()]
+        rows += [
             {"source": m.source, "name": m.name, "size_bytes": m.size_bytes, "path": str(m.path)}
             for m in models
         ]
         out.write(json.dumps(rows) + "\n")
         return 0
+    for row in _embedded_rows():
+        state = "installed" if row["installed"] else f"not installed: {row['install']}"
+        default = ", the default" if row["name"] == DEFAULT else ""
+        out.write(f"kvtrim  {row['name']:<13}  {row['title']}{default} ({state})\n")
     if not models:
-        err.write("no GGUF models found; looked in:\n")
+        err.write("no downloaded GGUF models found; looked in:\n")
         for source, path in roots.all():
             err.write(f"  {source}: {shown(path)}\n")
         return 0
@@ -47,3 +56,18 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"{shown(m.path)}\n"
         )
     return 0
+
+
+def _embedded_rows() -> list[dict[str, Any]]:
+    """The models kvtrim ships, whether each is installed (nothing is assembled)."""
+    return [
+        {
+            "source": "kvtrim",
+            "name": m.name,
+            "path": None,  # --model NAME finds it (the default is assembled on first use)
+            "title": m.title,
+            "installed": m.installed(),
+            "install": m.install,
+        }
+        for m in EMBEDDED.values()
+    ]

@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..native.cpu import REPACK_MODES, requested_mode
 from ..policies import POLICIES, help_lines
 from ..serve.guards import LOOPBACK_HOSTS, WILDCARD_ADDRESSES
+from . import types
 from .options import Option, add_options, engine_from_args
 from .types import kv_options
 
@@ -45,7 +46,7 @@ _POLICY_OPTIONS: tuple[Option, ...] = (  # the cache policy and the model
             "help": "the largest kv_budget a request may ask for (default: --budget)",
         },
     ),
-    (("--model",), {"default": None, "metavar": "PATH"}),
+    types.MODEL_OPTION,
     (("--gpu-layers",), {"type": int, "default": 0, "metavar": "N"}),
     (("--threads",), {"type": int, "default": None, "metavar": "N"}),
     (

@@ -12,7 +12,21 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..native.embedded import DEFAULT, EMBEDDED
 from ..native.kvmemory import KV_TYPES, SWA_CACHES
+
+MODEL_OPTION: tuple[tuple[str, ...], dict[str, Any]] = (
+    ("--model",),
+    {
+        "default": None,
+        "metavar": "PATH|NAME",
+        "help": "a GGUF file, or a model kvtrim ships: "
+        + ", ".join(EMBEDDED)
+        + f" (default: $KVTRIM_MODEL, else {DEFAULT})",
+    },
+)
+"""``--model`` wherever a command loads a model (ask, summarize, chat, info, serve,
+bench, the self-test)."""
 
 
 def _int(text: str) -> int:

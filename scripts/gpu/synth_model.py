@@ -321,7 +321,7 @@ def write_vocab(out: Path, vocab: Vocab) -> int:
 
 def _default_vocab_source() -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from engine.native.model import default_model_path
+    from engine.native.embedded import default_model_path
 
     return Path(default_model_path())
 
