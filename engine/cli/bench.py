@@ -123,7 +123,8 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         {
             "type": _csv,
             "default": None,
-            "help": "with --ruler: which of auto,compact,original,bounded (default: all)",
+            "help": "with --ruler: which of auto,compact,original,bounded (default: all); "
+            "with --fidelity: which of compact,original,bounded (default: compact,bounded)",
         },
     ),
     (
@@ -136,6 +137,23 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "same items (same seed) instead of running it again; the full cache evicts "
             "nothing, so changes to eviction cannot move it",
         },
+    ),
+    (
+        ("--fidelity",),
+        {
+            "action": "store_true",
+            "help": "only the fidelity run: 30 documents per cell (--docs) of five haystack "
+            "kinds (prose, numbers, code, boilerplate, manual) with three planted facts and "
+            "same-shape distractors each, the first question and two follow-ups, the full "
+            "cache against snapkv at budget 256 (--budgets) in compact and bounded positions "
+            "(auto read off), 2K-8K tokens (--lengths); accuracy with 95%% intervals. "
+            "Resumes from OUT/fidelity.jsonl (hours on 2 cores; --quick a few minutes); "
+            "writes OUT/fidelity.md",
+        },
+    ),
+    (
+        ("--docs",),
+        {"type": int, "default": None, "help": "with --fidelity: documents per cell (30)"},
     ),
     (
         ("--concurrency",),
@@ -206,7 +224,8 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "with --kv-memory: which of alloc,long,swa,kv_type; with --concurrency: "
             "which of server,summarize,needles; with --ruler: which tasks of niah_single,"
             "niah_multikey,niah_multivalue,variable_tracking and haystacks of essay,noise,"
-            "numbers (default: all)",
+            "numbers; with --fidelity: haystacks of prose,numbers,code,boilerplate,manual "
+            "(default: all)",
         },
     ),
     (
@@ -425,6 +444,37 @@ def _ruler_config(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
     return cfg
 
 
+def _fidelity_config(args: argparse.Namespace) -> Any:
+    from ..bench import fidelity
+
+    cfg = fidelity.FidelityConfig.quick() if args.quick else fidelity.FidelityConfig()
+    _override(cfg, args, "lengths", "policies", "positions", "seed", "docs", haystacks="parts")
+    if args.budgets is not None:
+        try:
+            cfg.budgets = [int(b) for b in args.budgets]
+        except ValueError:
+            raise ConfigError("--budgets with --fidelity takes token counts (256,1024)") from None
+    cfg.check()
+    return cfg
+
+
+def _fidelity(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The fidelity run (resumed from OUT's records), or with --report-only its tables."""
+    from ..bench import fidelity, fidelity_report
+    from ..runtime.engine import Engine
+
+    if args.report_only:
+        result = fidelity.load(args.out)
+    else:
+        cfg = _fidelity_config(args)
+        with Engine(args.model, n_threads=args.threads) as engine:
+            result = fidelity.run(cfg, engine, args.out, _log_to(err), _command())
+    path = fidelity_report.write(result, args.out)
+    _print_targets(out, fidelity_report.targets(result))
+    out.write(f"wrote {args.out / fidelity.RECORDS} and {path}\n")
+    return 0
+
+
 def _concurrency_config(args: argparse.Namespace) -> Any:
     from ..bench import concurrency
 
@@ -546,6 +596,8 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _multiturn(args, out, err)
     if args.concurrency:
         return _concurrency(args, out, err)
+    if args.fidelity:
+        return _fidelity(args, out, err)
     if args.report_only:
         import json
 
