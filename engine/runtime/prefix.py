@@ -51,19 +51,20 @@ class PrefixCache:
         """Read ``head`` and answer ``tail`` (``question``: its text, for recall), from
         the saved read of ``head`` when there is one (a ``Restored`` event comes
         first, its ``seen`` the tokens not read again), else reading and saving it."""
+        gen = _gen(spec, stops)
         if len(head) < self.min_tokens:
-            yield from session.run_tokens(head, tail, sources=sources, **_gen(spec, stops))
+            yield from session.run_tokens(head, tail, sources=sources, question=question, **gen)
             return
         key = self.key(spec, head)
         restored = self._restore(session, key)
         if restored is not None:
             yield restored
-            yield from session.reask(tail, question, **_gen(spec, stops))
+            yield from session.reask(tail, question, **gen)
             return
         read: list[SavedState] = []
         session.reader.checkpoint = lambda name: _keep(session, name, read)
         try:
-            for event in session.run_tokens(head, tail, sources=sources, **_gen(spec, stops)):
+            for event in session.run_tokens(head, tail, sources=sources, question=question, **gen):
                 if isinstance(event, Done) and read:  # before the caller may stop reading
                     self._put(key, read[0])
                 yield event

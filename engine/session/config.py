@@ -47,7 +47,9 @@ class SessionOptions:
     the engine's default. ``whole_words``: a word (a number's digits) is kept or
     evicted whole (see ``policies.base.word_max``). ``recall_tokens``: how many
     evicted document tokens a follow-up may bring back (see follow_up.py); None: a
-    chunk, 0: none.
+    chunk, 0: none. ``recall_first``: the first question about a text brings back
+    the evicted windows that best match it too, as a follow-up does (a question with
+    its text: ``Session.ask``, ``kvtrim ask``, the server's chat).
     """
 
     budget_tokens: int = 1024
@@ -60,6 +62,7 @@ class SessionOptions:
     swa_cache: str | None = None
     whole_words: bool = True
     recall_tokens: int | None = None
+    recall_first: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.budget_tokens, bool) or not isinstance(self.budget_tokens, int):

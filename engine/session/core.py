@@ -157,7 +157,7 @@ class Session:
     ) -> Iterator[Event]:
         """Read ``document`` and answer ``question`` (see ``run`` for options)."""
         prompt = ask_prompt(self.model, document, question, answer_prefix, system)
-        return self.run(prompt, **gen)  # type: ignore[arg-type]
+        return self.run(prompt, question=question, **gen)  # type: ignore[arg-type]
 
     def summarize(self, document: str, *, system: str = "", **gen: object) -> Iterator[Event]:
         """Read ``document`` and summarize it (see ``run`` for options)."""
@@ -228,10 +228,12 @@ class Session:
         max_tokens: int = 128,
         sampling: Sampling | None = None,
         stops: Sequence[str] | None = None,
+        question: str = "",
     ) -> Iterator[Event]:
         """Fresh cache, read the prompt (evicting as needed), then generate. A cancel
         that comes while the prompt is tokenized (seconds for a long document) stops
-        the run at its first step: the cancel event is cleared before, not after."""
+        the run at its first step: the cancel event is cleared before, not after.
+        ``question``: its text, for ``recall_first``."""
         self.ctx.cancel_event.clear()
         head, tail, sources = prompt_tokens(self.model, prompt)
         if not tail:
@@ -243,6 +245,7 @@ class Session:
             sampling=sampling,
             stops=stops if stops is not None else prompt.stops,
             sources=sources,
+            question=question,
         )
 
     def run_tokens(
@@ -254,18 +257,19 @@ class Session:
         sampling: Sampling | None = None,
         stops: Sequence[str] = (),
         sources: Sources | None = None,
+        question: str = "",
     ) -> Iterator[Event]:
         """Fresh cache; read ``head`` (evicting as needed, with ``tail`` as the question
         that votes), then ``tail``, then generate. ``tail`` must not be empty.
 
         ``sources``: ``(name, text, tokens)`` whose tokens are ``head + tail`` in
-        order, for the memory map; by default the two parts' own text."""
+        order, for the memory map; by default the two parts' own text. ``question``:
+        the question's text, which brings back evicted text with ``recall_first``."""
         if not tail:
             raise ConfigError("the prompt's last part (the question) is empty")
         self.ctx.cancel_event.clear()
-        return self._run_tokens(
-            head, tail, max_tokens=max_tokens, sampling=sampling, stops=stops, sources=sources
-        )
+        gen = {"max_tokens": max_tokens, "sampling": sampling, "stops": stops}
+        return self._run_tokens(head, tail, sources=sources, question=question, **gen)
 
     def _run_tokens(
         self,
@@ -276,6 +280,7 @@ class Session:
         sampling: Sampling | None,
         stops: Sequence[str],
         sources: Sources | None,
+        question: str = "",
     ) -> Iterator[Event]:
         self.reset()
         r = self.reader
@@ -292,10 +297,13 @@ class Session:
         yield from r.feed(head, observe=tail, logits=False)
         if r.checkpoint is not None:  # the text is in, the question not yet
             r.checkpoint("read")
+        gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
+        if question and self.config.recall_first and r.cache.evicted:
+            # what the read evicted that matches the question comes back, as in a follow-up
+            yield from self.turns.reask(tail, question, restart_clock=False, **gen)
+            return
         yield from r.feed(tail, logits=True)
-        yield from self.generate(
-            max_tokens=max_tokens, sampling=sampling or Sampling(), stops=tuple(stops)
-        )
+        yield from self.generate(**gen)  # type: ignore[arg-type]
 
     def feed(
         self,

@@ -77,12 +77,15 @@ class FollowUps:
         max_tokens: int,
         sampling: Sampling,
         stops: Sequence[str],
+        restart_clock: bool = True,
     ) -> Iterator[Event]:
         """Another question about the text the cache holds (a saved read restored, or
         a request rewound to the end of its text): the text was compressed for an
         earlier question, so the windows of it that best match ``question`` come back
-        first (after the text, before ``tail``, the question's own tokens)."""
-        self._begin()
+        first (after the text, before ``tail``, the question's own tokens). Also a
+        first question's, with ``recall_first`` (``restart_clock`` False: the request
+        began with its read)."""
+        self._begin(restart_clock)
         self.reader.trace.truncate(self.reader.cache.next_id)  # a question never read
         tail = list(tail)
         excerpts = self._excerpts(question, tail, max_tokens)
@@ -90,9 +93,10 @@ class FollowUps:
         self.reader.trace.add("question", None, tail)
         yield from self._answer(body + tail, tail, max_tokens, sampling, tuple(stops))
 
-    def _begin(self) -> None:
+    def _begin(self, restart_clock: bool = True) -> None:
         r = self.reader
-        r.t0 = time.perf_counter()
+        if restart_clock:
+            r.t0 = time.perf_counter()
         r.stats.first_token_s = None
         r.stats.recalled_tokens = 0
         self._drop_copy()
