@@ -8,9 +8,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from engine.errors import ConfigError
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import POLICIES
 from engine.runtime.batch import write_atomic
+from engine.runtime.spec import RequestSpec
+from engine.session.sampling import Sampling
 from engine.session.sizing import MIN_CHUNK
 
 MIN_BUDGET = MIN_CHUNK  # the smallest --budget the CLI takes
@@ -26,13 +29,13 @@ class Settings:
     model_path: str = ""  # empty: the embedded default model
     gpu_layers: int = 0
     threads: int = 0  # 0: one per physical core
-    policy: str = "snapkv"
-    budget_tokens: int = 1024
+    policy: str = RequestSpec.policy  # the request defaults: declared once, in RequestSpec
+    budget_tokens: int = RequestSpec.budget_tokens
     kv_type: str = "f16"  # the KV cache's type: f16, q8_0 or q4_0 (engine.kvmemory.KV_TYPES)
     # per policy, the parameters the user changed from the paper's defaults
-    policy_params: dict[str, dict[str, int]] = field(default_factory=dict)
-    max_tokens: int = 128  # the CLI's --max-tokens default
-    temperature: float = 0.0
+    policy_params: dict[str, dict[str, float]] = field(default_factory=dict)
+    max_tokens: int = RequestSpec.max_tokens
+    temperature: float = Sampling.temperature
     system_prompt: str = ""
     answer_prefix: str = ""  # what answers start with: steers base models
     theme: str = "system"  # system, light or dark
@@ -59,11 +62,24 @@ class Settings:
         if len(sizes) != 3 or not all(isinstance(n, int) and n >= 0 for n in sizes):
             out.splitter_sizes = []
         out.policy_params = {
-            name: {k: v for k, v in params.items() if isinstance(v, int) and v >= 0}
+            name: _valid_params(name, params)
             for name, params in out.policy_params.items()
             if name in POLICIES and isinstance(params, dict)
         }
         return out
+
+
+def _valid_params(policy: str, params: dict[str, Any]) -> dict[str, float]:
+    """The parameters of ``policy`` in ``params`` that it takes, in range (each policy's
+    fields say which: ``Policy.tunables``); the rest are dropped."""
+    out = {}
+    for tunable in POLICIES[policy].tunables():
+        if tunable.name in params:
+            try:
+                out[tunable.name] = tunable.check(params[tunable.name])
+            except ConfigError:
+                continue
+    return out
 
 
 def load(path: Path) -> Settings:

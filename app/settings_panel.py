@@ -10,7 +10,6 @@ GPU layers or threads changed: the worker reloads the model off the GUI thread).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,16 +38,12 @@ from PySide6.QtWidgets import (
 from engine.native.embedded import DEFAULT, EMBEDDED
 from engine.native.finder import FoundModel, find_models
 from engine.native.kvmemory import KV_TYPES
-from engine.policies import H2O, POLICIES
+from engine.policies import POLICIES
 
 from .found_models import FoundModels
+from .policy_params import PolicyParams
 from .settings import MAX_TEMPERATURE, MIN_BUDGET, Settings
 
-PARAMS = {
-    "n_sink": ("Sink tokens", "The first tokens, always kept: attention sinks."),
-    "recent": ("Recent window", "The newest tokens, always kept."),
-    "window": ("Observation window", "The last tokens whose attention votes (SnapKV)."),
-}
 KV_TYPE_LABELS = {"f16": "f16 (default)", "q8_0": "q8_0", "q4_0": "q4_0"}
 KV_TYPE_HELP = (
     "q8_0 halves K (and V for streaming/full) with a small quality cost; "
@@ -59,13 +54,6 @@ KV_TYPE_TIP = (
     "q4_0: about a quarter, a larger cost. H2O, TOVA and SnapKV read attention "
     "and keep V in f16; StreamingLLM and the full cache quantize V too (flash attention on)."
 )
-H2O_RECENT = "The newest tokens, always kept; 0 keeps half the budget (the paper's split)."
-STREAMING_RECENT = (
-    "StreamingLLM keeps the sinks and the newest tokens: budget {budget:,} minus {sinks:,} "
-    "sinks = a recent window of {window:,} tokens."
-)
-
-
 @dataclass(frozen=True)
 class Number:
     """A number the panel edits: a ``Settings`` field, its row and its range
@@ -136,13 +124,9 @@ NUMBERS = (
 )
 
 
-def policy_defaults(name: str) -> dict[str, int]:
-    """The paper's defaults for the parameters the panel shows."""
-    return {
-        f.name: f.default  # type: ignore[misc]
-        for f in dataclasses.fields(POLICIES[name])
-        if f.name in PARAMS and isinstance(f.default, int)
-    }
+def policy_defaults(name: str) -> dict[str, float]:
+    """The parameters the policy ``name`` declares, at the paper's defaults."""
+    return {t.name: t.default for t in POLICIES[name].tunables()}
 
 
 def _combo() -> QComboBox:
@@ -285,16 +269,9 @@ class SettingsPanel(QWidget):
         self.kv_type.setToolTip(KV_TYPE_TIP)
         self.kv_type.currentIndexChanged.connect(self._edited)
         form.addRow("KV cache type", _explained(self.kv_type, KV_TYPE_HELP))
-        self.params: dict[str, QSpinBox] = {}
-        self.param_hints: dict[str, QLabel] = {}
-        for key, (label, hint) in PARAMS.items():
-            spin = QSpinBox()
-            spin.setRange(0, 65536)
-            self.params[key] = spin
-            box = _explained(spin, hint)
-            self.param_hints[key] = box.findChild(QLabel)  # type: ignore[assignment]
-            form.addRow(label, box)
-            spin.valueChanged.connect(lambda value, k=key: self._param_edited(k, value))
+        self.policy_params = PolicyParams()
+        self.policy_params.edited.connect(self._param_edited)
+        form.addRow(self.policy_params)
 
     def _chat_group(self, form: QFormLayout) -> None:
         """Max tokens, temperature, the system prompt, the answer's start, the theme."""
@@ -333,7 +310,7 @@ class SettingsPanel(QWidget):
     def _number_edited(self, field: str, value: float) -> None:
         setattr(self.settings, field, value)
         if field == "budget_tokens":
-            self._show_policy()  # StreamingLLM's window follows the budget
+            self._show_note()  # a recency policy's window follows the budget
         self.changed.emit()
 
     # -- what the window reads --------------------------------------------
@@ -341,7 +318,12 @@ class SettingsPanel(QWidget):
     def policy_name(self) -> str:
         return str(self.policy.currentData())
 
-    def policy_settings(self) -> tuple[tuple[str, int], ...]:
+    @property
+    def params(self) -> dict[str, QAbstractSpinBox]:
+        """The current policy's parameter boxes, by name."""
+        return self.policy_params.boxes
+
+    def policy_settings(self) -> tuple[tuple[str, float], ...]:
         """The current policy's parameters as the engine takes them."""
         name = self.policy_name()
         values = {**policy_defaults(name), **self.settings.policy_params.get(name, {})}
@@ -439,35 +421,26 @@ class SettingsPanel(QWidget):
         name = self.policy_name()
         cls = POLICIES.get(name)
         self.policy_help.setText(cls.help if cls is not None else "")
-        defaults = policy_defaults(name)
-        values = {**defaults, **self.settings.policy_params.get(name, {})}
-        for key, spin in self.params.items():
-            spin.blockSignals(True)
-            spin.setEnabled(key in defaults)
-            spin.setValue(values.get(key, 0))
-            spin.blockSignals(False)
-        hint = H2O_RECENT if cls is H2O else PARAMS["recent"][1]
-        if cls is not None and cls.recency_only:  # its score is recency: the rest is recent
-            sinks, budget = values.get("n_sink", 0), self.settings.budget_tokens
-            window = max(budget - sinks, 0)
-            hint = STREAMING_RECENT.format(budget=budget, sinks=sinks, window=window)
-            recent = self.params["recent"]
-            recent.blockSignals(True)
-            recent.setEnabled(False)
-            recent.setValue(window)
-            recent.blockSignals(False)
-        self.param_hints["recent"].setText(hint)
+        if cls is not None:
+            values = {**policy_defaults(name), **self.settings.policy_params.get(name, {})}
+            self.policy_params.show_policy(name, values, self.settings.budget_tokens)
 
-    def _param_edited(self, key: str, value: int) -> None:
+    def _param_edited(self, key: str, value: float) -> None:
         name = self.policy_name()
         params = self.settings.policy_params.setdefault(name, {})
-        if value == policy_defaults(name).get(key):
+        default = policy_defaults(name).get(key)
+        kind = type(default) if default is not None else float
+        if value == default:
             params.pop(key, None)
         else:
-            params[key] = value
-        if key == "n_sink":
-            self._show_policy()  # StreamingLLM's window is the budget less the sinks
+            params[key] = kind(value)
+        self._show_note()  # a recency policy's window is the budget less its sinks
         self._edited()
+
+    def _show_note(self) -> None:
+        name = self.policy_name()
+        values = {**policy_defaults(name), **self.settings.policy_params.get(name, {})}
+        self.policy_params.refresh_note(values, self.settings.budget_tokens)
 
     def _edited(self) -> None:
         s = self.settings

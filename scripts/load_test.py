@@ -35,7 +35,8 @@ def main() -> None:
     if args.url:
         measure(args, args.url)
         return
-    app = create_app(Engine(), ServerConfig(policy=args.policy, budget_tokens=args.budget))
+    config = ServerConfig(policy=args.policy, budget_tokens=args.budget, parallel=1)
+    app = create_app(Engine(), config)
     with BackgroundServer(app) as url:
         measure(args, url)
 

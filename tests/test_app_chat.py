@@ -142,17 +142,21 @@ def test_summarize_then_chat_about_it(qtbot, tmp_path, engines):
 def test_settings_panel_persists_policy_parameters(qtbot, tmp_path, engines):
     w = _open(qtbot, tmp_path, engines)
     w.panel.set_policy("snapkv")
-    assert w.panel.params["window"].isEnabled()
+    assert list(w.panel.params) == ["n_sink", "recent", "window", "kernel"]  # its fields
     w.panel.params["n_sink"].setValue(8)
     w.panel.set_policy("h2o")
-    assert not w.panel.params["window"].isEnabled()
-    assert "half the budget" in w.panel.param_hints["recent"].text()
+    assert list(w.panel.params) == ["n_sink", "recent", "recent_ratio"]
+    assert "recent share" in w.panel.policy_params.hints["recent"].text()
     assert w.panel.params["n_sink"].value() == 0  # H2O's own default
+    w.panel.params["recent_ratio"].setValue(0.25)
+    assert dict(w.panel.policy_settings())["recent_ratio"] == 0.25
     w.panel.set_policy("snapkv")
     assert w.panel.params["n_sink"].value() == 8
-    assert dict(w.panel.policy_settings()) == {"n_sink": 8, "recent": 32, "window": 32}
+    assert dict(w.panel.policy_settings()) == {"n_sink": 8, "recent": 32, "window": 32,
+                                               "kernel": 7}  # fmt: skip
     saved = load(tmp_path / "settings.json")
-    assert saved.policy == "snapkv" and saved.policy_params == {"snapkv": {"n_sink": 8}}
+    assert saved.policy == "snapkv"
+    assert saved.policy_params == {"snapkv": {"n_sink": 8}, "h2o": {"recent_ratio": 0.25}}
     w.close()
 
 

@@ -206,16 +206,17 @@ def test_copy_answer_confirms_and_the_status_line_comes_back(qtbot, tmp_path):
 def test_streaming_llm_says_what_it_keeps(qtbot, tmp_path):
     w = _window(qtbot, tmp_path)
     w.panel.set_policy("streaming")
-    recent = w.panel.params["recent"]
-    assert not recent.isEnabled() and recent.value() == 1020
-    assert "recent window of 1,020 tokens" in w.panel.param_hints["recent"].text()
+    note = w.panel.policy_params.note
+    assert "recent" not in w.panel.params  # its score is recency: no window to set
+    assert "recent window of 1,020 tokens" in note.text()
     w.panel.params["n_sink"].setValue(8)
     w.panel.budget.setValue(2048)
-    assert recent.value() == 2040
-    assert "budget 2,048 minus 8 sinks" in w.panel.param_hints["recent"].text()
-    assert dict(w.panel.policy_settings())["recent"] == 0  # what the engine gets is unchanged
+    assert "budget 2,048 minus 8 sinks = a recent window of 2,040" in note.text()
+    assert dict(w.panel.policy_settings()) == {"n_sink": 8}  # what the engine gets
     w.panel.set_policy("snapkv")
-    assert recent.isEnabled() and recent.value() == 32
+    assert w.panel.params["recent"].value() == 32 and note.isHidden()
+    w.panel.set_policy("full")
+    assert w.panel.params == {} and "no parameters" in note.text()
     w.close()
 
 

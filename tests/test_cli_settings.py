@@ -23,6 +23,7 @@ from engine.stats import Done, KVStats
 
 OPTIONS = [
     "--policy", "h2o",
+    "--policy-arg", "recent_ratio=0.25",
     "--budget", "512",
     "--chunk", "64",
     "--positions", "original",
@@ -52,6 +53,7 @@ SESSION = {
     "whole_words": True,
     "recall_tokens": None,
     "recall_first": True,
+    "recent_ratio": 0.25,  # the policy's own parameter (--policy-arg)
 }
 ENGINE = {"kv_type": "q8_0", "swa_cache": "full", "n_threads": 1}  # cli._engine's
 GENERATION = {"max_tokens": 7, "sampling": Sampling(0.5, 0.9, 3), "stops": ["END", "STOP"]}
@@ -134,8 +136,10 @@ def docs(tmp_path: Path) -> list[Path]:
 
 
 def _session(spec: RequestSpec) -> dict[str, Any]:
-    """The session options a spec opens its session with, beside the budget."""
-    return {k: v for k, v in spec.options().items() if k != "budget_tokens"}
+    """The session options a spec opens its session with, beside the budget, and the
+    policy's parameters."""
+    options = {k: v for k, v in spec.options().items() if k != "budget_tokens"}
+    return options | dict(spec.policy_settings)
 
 
 def _main(*argv: str) -> tuple[int, str, str]:

@@ -293,7 +293,7 @@ def test_server_survives_hostile_bodies(engine):
 
     from engine.serve.api import ServerConfig, create_app
 
-    app = create_app(engine, ServerConfig(budget_tokens=128))
+    app = create_app(engine, ServerConfig(budget_tokens=128, parallel=1))
     with TestClient(app, base_url="http://localhost") as client:  # a loopback Host
         cases = [
             (b"\xff\xfe\x00binary", 400),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import ConfigError, make_policy
-from engine.policies import POLICIES, Observation
+from engine.policies import POLICIES, Keys, Observation, Policy
 from engine.policies.base import max_pool, realign
 
 EVICTING = [name for name, cls in POLICIES.items() if cls.evicts]
@@ -24,7 +24,7 @@ def _observe_random(policy, ids, rows=8, seed=0):
 def test_keep_respects_budget_sinks_and_recent(name):
     policy = make_policy(name)
     ids = np.arange(1000, dtype=np.int64)
-    if policy.needs_attention:
+    if policy.needs().attention:
         _observe_random(policy, ids)
     budget = 200
     kept = policy.keep(ids, budget).ids
@@ -135,14 +135,8 @@ def test_unknown_policy_and_bad_settings():
 def test_each_class_carries_its_label_help_and_kind():
     from engine.policies import evicts, help_lines, keeps_all, label, policy_class
 
-    labels = {name: cls.label for name, cls in POLICIES.items()}
-    assert labels == {
-        "full": "Full cache",
-        "streaming": "StreamingLLM",
-        "h2o": "H2O",
-        "snapkv": "SnapKV",
-        "tova": "TOVA",
-    }
+    labels = [cls.label for cls in POLICIES.values()]
+    assert len(set(labels)) == len(labels) and POLICIES["full"].label == "Full cache"
     for name, cls in POLICIES.items():
         assert cls.name == name and policy_class(name) is cls
         assert cls.help and "\n" not in cls.help and len(cls.help) < 120, name
@@ -185,3 +179,68 @@ def test_the_loop_guard_stops_runaway_answers_and_not_numbers():
     assert first_stop([digit[c] for c in "1000000000000000"]) is None  # 15 zeros
     assert first_stop([digit[c] for c in "3141592653589793238462643383279"]) is None
     assert first_stop(list(range(200))) is None
+
+
+def _observe(policy, ids, seed=0):
+    """What the policy reads, made up: attention rows or unit keys of ``ids``."""
+    rng = np.random.default_rng(seed)
+    if policy.reads == "attention":
+        _observe_random(policy, ids, seed=seed)
+    elif policy.reads == "keys":
+        keys = rng.normal(size=(len(ids), 2, 1, 8)).astype(np.float32)
+        keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
+        policy.observe(Keys(ids, keys.astype(np.float16)))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_state_dict_carries_what_it_observed_to_a_new_instance(name):
+    """The contract saved caches use: a fresh policy given ``state_dict`` scores as
+    the one it came from."""
+    ids = np.arange(300, dtype=np.int64)
+    policy = make_policy(name)
+    _observe(policy, ids)
+    state = policy.state_dict()
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    again = make_policy(name)
+    again.load_state_dict({k: v.copy() for k, v in state.items()})
+    assert np.array_equal(again.score(ids, None), policy.score(ids, None))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_each_parameter_declares_its_label_help_and_range(name):
+    cls = POLICIES[name]
+    for t in cls.tunables():
+        assert t.param.label and t.param.help and t.param.low <= t.default <= t.param.high
+        assert t.check(str(t.default)) == t.default and type(t.check(t.default)) is t.kind
+        with pytest.raises(ConfigError, match=t.name):
+            t.check(t.param.high + 1)
+        with pytest.raises(ConfigError, match=f"{cls.name}: {t.name}"):
+            cls(**{t.name: t.param.high + 1})
+    needs = cls.needs()
+    assert needs.attention == (cls.reads == "attention") and needs.keys == (cls.reads == "keys")
+    assert needs.hooked == (cls.reads != "nothing")
+
+
+class _ReadsKeys(Policy):
+    """A policy that scores keys (as KeyDiff does)."""
+
+    name = "reads-keys"
+    reads = "keys"
+
+    def score(self, ids, query):
+        return np.zeros(len(ids))
+
+
+def test_needs_decide_capture_and_flash_attention_in_one_place():
+    from engine.policies import needs_of
+
+    snap, none, keys = POLICIES["snapkv"].needs(), POLICIES["streaming"].needs(), _ReadsKeys.needs()
+    assert snap.cache().flash_attn is False and snap.cell_map and not snap.history
+    assert keys.cache().flash_attn is None and not keys.cell_map and keys.history  # llama.cpp's
+    assert none.cache(kv_type="q8_0").flash_attn is True and not none.hooked
+    assert POLICIES["h2o"].needs().history  # every row adds to its sums
+    every = needs_of()
+    assert every.attention and every.history and every == needs_of(list(POLICIES))
+    assert (keys | snap).flags() == (True, True, True)
+    with pytest.raises(ConfigError, match="flash attention off"):
+        snap.cache(flash_attn="on")

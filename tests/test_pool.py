@@ -18,7 +18,7 @@ from margins import check
 
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
 from engine.native.model import log as llama_log
-from engine.policies import make_policy
+from engine.policies import Needs, make_policy
 from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
 from engine.session.core import Session, SessionConfig
 from engine.session.prompts import ask_prompt
@@ -155,7 +155,7 @@ def test_each_sequence_cell_map_matches_llama_cpp(engine, monkeypatch, layout):
 def test_shares_by_length_and_even(engine):
     model = engine.model
     stream = make_policy("streaming")
-    with KVPool(model, cells=1200, max_seqs=4, n_threads=1, reads_attention=False) as p:
+    with KVPool(model, cells=1200, max_seqs=4, n_threads=1, needs=Needs()) as p:
         short = p.open(stream, SessionConfig(512), 100)
         fits = 100 + SLACK  # it never evicts: no room for a question's observation
         assert short.ctx.n_ctx == fits  # a job that fits takes what it needs
@@ -187,7 +187,7 @@ def test_shares_by_length_and_even(engine):
 
 def test_a_sequence_waits_for_cells_and_a_cancel_frees_them(engine):
     model = engine.model
-    with KVPool(model, cells=600, max_seqs=2, n_threads=1, reads_attention=False) as p:
+    with KVPool(model, cells=600, max_seqs=2, n_threads=1, needs=Needs()) as p:
         first = p.open(make_policy("streaming"), SessionConfig(512), 5000)
         assert first.ctx.n_ctx == 600
         got: list[Session] = []
@@ -285,7 +285,7 @@ def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
 
 
 def test_sequences_that_never_evict_wait_instead_of_overfilling_the_pool(engine):
-    with KVPool(engine.model, cells=1000, max_seqs=3, n_threads=1, reads_attention=False) as p:
+    with KVPool(engine.model, cells=1000, max_seqs=3, n_threads=1, needs=Needs()) as p:
         first = p.open(make_policy("full"), SessionConfig(2048), 584)  # 600 cells
         got: list[Session] = []
         t = threading.Thread(
@@ -303,7 +303,7 @@ def test_sequences_that_never_evict_wait_instead_of_overfilling_the_pool(engine)
 def test_a_batch_that_finds_no_free_cells_is_retried_not_failed(engine):
     from engine.errors import CacheFullError
 
-    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False) as p:
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs()) as p:
         real, fails = p.ctx.decode_batch, [3]
 
         def flaky(*args, **kwargs):
@@ -321,7 +321,7 @@ def test_a_batch_that_finds_no_free_cells_is_retried_not_failed(engine):
 
 
 def test_a_scheduler_that_fails_answers_every_caller(engine):
-    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False) as p:
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs()) as p:
         s = p.open(make_policy("streaming"), SessionConfig(512), 40)
 
         def broken() -> list:
@@ -337,7 +337,7 @@ def test_a_scheduler_that_fails_answers_every_caller(engine):
 
 
 def test_closing_the_pool_first_leaves_open_sessions_safe(engine):
-    p = KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, reads_attention=False)
+    p = KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs())
     s = p.open(make_policy("streaming"), SessionConfig(512), 40)
     hello = engine.model.tokenize("Hello", add_bos=True)
     s.collect(s.run_tokens(hello, [1], max_tokens=2))

@@ -17,6 +17,7 @@ from engine.bench import ruler, ruler_report, texts
 from engine.cli import bench as bench_cli
 from engine.cli.main import main, parse_args
 from engine.errors import ConfigError
+from engine.policies import evicting
 
 
 class Chars:
@@ -215,7 +216,8 @@ def test_repeats_to_the_end(text, runaway):
 def test_the_default_grid():
     cfg = ruler.RulerConfig()
     assert cfg.settings[0] == ("full", None, "original")
-    assert len(cfg.settings) == 1 + 4 * 2 * 4  # policies x budgets x position modes
+    assert list(ruler.DEFAULT_POLICIES) == evicting()  # every evicting policy
+    assert len(cfg.settings) == 1 + len(evicting()) * 2 * 4  # x budgets x position modes
     assert ("streaming", 4096, "original") in cfg.settings
     assert ("snapkv", 1024, "auto") in cfg.settings, "the default setting"
     assert len(cfg.documents()) == 4 * 3 * 6 * 3

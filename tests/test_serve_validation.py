@@ -99,6 +99,26 @@ def test_overrides_per_request():
     assert ServerConfig(budget_tokens=1024).kv_budget_limit == 1024  # the default limit
 
 
+def test_a_request_sets_its_policy_parameters_by_name():
+    """Issue 35: ``kv_policy_args`` are the policy's own fields, checked; without
+    them a request runs the server's (``--policy-arg``) for the server's policy."""
+    job, _ = _completion(kv_policy="snapkv", kv_policy_args={"window": 8, "kernel": 3})
+    assert job.spec.policy_settings == (("kernel", 3), ("window", 8))
+    ratio = (("recent_ratio", 0.25),)
+    config = ServerConfig(budget_tokens=256, policy="h2o", policy_settings=ratio)
+    job, _ = _completion(config)
+    assert job.spec.policy_settings == ratio
+    job, _ = _completion(config, kv_policy="snapkv")  # another policy: its own defaults
+    assert job.spec.policy_settings == ()
+    for args, words in (({"window": 0}, "window must be in 1..4,096"),
+                        ({"ratio": 1}, "snapkv has no parameter 'ratio'")):  # fmt: skip
+        error = _refused(_completion, kv_policy="snapkv", kv_policy_args=args)
+        assert error.param == "kv_policy_args" and words in str(error)
+    many = {f"p{i}": 1 for i in range(17)}
+    with pytest.raises(ValueError):  # pydantic: at most 16
+        CompletionRequest.model_validate({"prompt": "x", "kv_policy_args": many})
+
+
 def test_a_keep_ratio_cuts_the_budget_but_not_below_64():
     job, _ = _completion(prompt="x" * 999, kv_keep_ratio=0.5)  # 1,000 tokens with BOS
     assert job.spec.budget_tokens == 256  # min(budget, 500)

@@ -34,6 +34,7 @@ def server(engine):
         max_body_bytes=4 * MIB,
         max_kv_budget=512,
         max_prompt_tokens=4096,
+        parallel=1,
     )
     with BackgroundServer(create_app(engine, config)) as url:
         yield url
@@ -230,7 +231,7 @@ def test_a_tiny_temperature_is_greedy_not_an_error(server):
 
 
 def test_a_stream_cut_by_shutdown_ends_with_an_error_event(engine):
-    app = create_app(engine, ServerConfig(budget_tokens=256))
+    app = create_app(engine, ServerConfig(budget_tokens=256, parallel=1))
     lines: list[str] = []
     first = threading.Event()
 

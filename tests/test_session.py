@@ -88,7 +88,7 @@ def test_budget_larger_than_input_matches_plain_llama_cpp(engine, policy):
     )
     tail = engine.model.tokenize(prompt.suffix)
     # sessions that read attention run without flash attention; the others leave it on
-    flash = not POLICIES[policy].needs_attention
+    flash = not POLICIES[policy].needs().attention
     expected = _plain_llama_greedy(engine, head, tail, 16, flash)
     assert result.text == expected
 

@@ -153,7 +153,7 @@ def _kvtrim(run: Run) -> dict[str, Any]:
             prompt = Prompt(PREFIX, doc, SUFFIX, (), model.add_bos)
             result = Session.collect(session.run(prompt, max_tokens=run.decode_tokens))
             s = result.stats
-            reads = session.policy.needs_attention
+            reads = session.policy.needs().attention
             flash = "off" if reads else session.config.flash_attn  # auto: llama.cpp's choice
     busy = s.prefill_s + s.decode_s
     return {

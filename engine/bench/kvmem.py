@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..policies import Full, reads_attention
+from ..policies import Full, evicting, reads_attention
 from ..runtime.engine import Engine
 from . import tasks
 from .records import Records
@@ -40,9 +40,7 @@ class KVMemConfig:
     quality_budget: int = 1024
     depths: int = 8
     swa_policies: list[str] = field(default_factory=lambda: ["snapkv"])
-    fidelity_policies: list[str] = field(
-        default_factory=lambda: ["streaming", "h2o", "tova", "snapkv"]
-    )
+    fidelity_policies: list[str] = field(default_factory=evicting)
     kv_types: list[str] = field(default_factory=lambda: ["q8_0", "q4_0"])
     kv_type_policies: list[str] = field(default_factory=lambda: ["snapkv"])
     kv_type_fidelity: list[str] = field(default_factory=lambda: ["snapkv", "streaming"])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..native.monitor import MemoryMonitor
-from ..policies import evicts
+from ..policies import evicting, evicts
 from ..runtime.engine import Engine
 from ..session.core import Session
 from ..stats import Done, Recalled
@@ -196,7 +196,7 @@ class MultiTurnConfig:
 
     docs: int = 4
     doc_tokens: int = 7600
-    policies: list[str] = field(default_factory=lambda: ["streaming", "h2o", "tova", "snapkv"])
+    policies: list[str] = field(default_factory=evicting)
     budgets: list[int] = field(default_factory=lambda: [512, 1024])
     main_budget: int = 1024  # every policy runs here; other budgets run focus_policies
     focus_policies: list[str] = field(default_factory=lambda: ["snapkv"])

@@ -90,7 +90,7 @@ def run_robustness(
     for repack in sorted({v.repack for v in grid}, reverse=True):
         with Engine(model, repack=repack) as engine:
             for policy, budget in runs(policies):
-                reads_attention = make_policy(policy).needs_attention
+                reads_attention = make_policy(policy).needs().attention
                 for v in grid:
                     if v.repack != repack or (reads_attention and v.flash_attn == "on"):
                         continue

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, ContextOverflowError, OutOfMemoryError
 from ..native.kvmemory import pad
-from ..policies import evicts, keeps_all
+from ..policies import evicting, evicts, keeps_all
 from ..runtime.engine import Engine
 from ..session.core import POSITION_MODES
 from . import ruler_peer, texts
@@ -39,7 +39,7 @@ TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "variable_tracking")
 HAYSTACKS = ("essay", "noise", "numbers")
 NOISE_SOURCE = f"RULER's noise: {FILLER.strip()!r} repeated"
 FULL_EXTRA = 128  # cells of the full cache beyond the document and question (frame, answer)
-DEFAULT_POLICIES = ("snapkv", "h2o", "tova", "streaming")
+DEFAULT_POLICIES = tuple(evicting())
 DEFAULT_BUDGETS = (1024, 4096)
 _CHARS_PER_TOKEN = 8  # more characters than any token has: a cut of text long enough
 _HOPS = 4  # variable tracking: assignments after the first, as in RULER's default

@@ -31,9 +31,7 @@ from .reference import plain_llama
 class BenchConfig:
     """What to run; budgets may be fractions of ``length`` ("1/8") or cell counts."""
 
-    policies: list[str] = field(
-        default_factory=lambda: ["full", "streaming", "h2o", "tova", "snapkv"]
-    )
+    policies: list[str] = field(default_factory=lambda: list(POLICIES))
     length: int = 2048
     budgets: list[str] = field(default_factory=lambda: ["1/8", "1/4"])
     depths: int = 4
@@ -137,7 +135,7 @@ def _quality(
     reference_logp: dict[str, Any] = {}
     reference_summary: dict[str, str] = {}
     for policy in cfg.policies:
-        mode = "off" if POLICIES[policy].needs_attention else "auto"
+        mode = "off" if POLICIES[policy].needs().attention else "auto"
         budgets = cfg.budget_cells() if evicts(policy) else [cfg.length]
         for budget in budgets:
             base = {

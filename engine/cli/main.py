@@ -25,7 +25,7 @@ from ..documents.load import SUFFIXES, load_document
 from ..errors import Cancelled, ConfigError, DocumentError, KvtrimError, shown
 from ..native.cpu import system_info
 from ..native.monitor import MemoryMonitor
-from ..policies import POLICIES, help_lines, make_policy
+from ..policies import POLICIES, help_lines, make_policy, parse_settings
 from ..runtime.engine import Engine
 from ..runtime.prefix import PrefixCache
 from ..runtime.spec import RequestSpec
@@ -41,7 +41,7 @@ from . import serve as serve_cli
 from . import types
 from .models import add_parser as add_models_parser
 from .models import main as models_main
-from .options import Option, add_options, engine_from_args
+from .options import Option, add_options, engine_from_args, policy_args_help
 
 _MB = 1024 * 1024
 REPACK_MODES = ("auto", "on", "off")
@@ -82,6 +82,9 @@ def _request_options() -> list[Option]:
     return [
         (("--policy",), {"choices": list(POLICIES), "default": default.policy,
             "help": f"eviction policy (default: {default.policy}). {help_lines()}"}),
+        (("--policy-arg",), {"dest": "policy_args", "action": "append", "default": None,
+            "metavar": "NAME=VALUE", "help": "a parameter of the policy (repeatable): "
+            f"{policy_args_help()}"}),
         (("--budget",), {"dest": "budget_tokens", "type": tokens,
             "default": default.budget_tokens, "metavar": "N",
             "help": f"KV cells kept after each eviction (default: {default.budget_tokens})"}),
@@ -209,7 +212,8 @@ def check_settings(args: argparse.Namespace) -> None:
         )
     if args.command not in ("ask", "summarize", "chat"):
         return
-    policy = make_policy(args.policy)
+    settings = parse_settings(args.policy, args.policy_args or ())
+    policy = make_policy(args.policy, **dict(settings))
     protected = policy.protected(args.budget_tokens)
     if policy.evicts and args.budget_tokens < protected + 1:
         raise ConfigError(

@@ -5,10 +5,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
+from ..policies import POLICIES
 from ..runtime.engine import Engine
 from .types import Option
 
-__all__ = ["Option", "add_options", "engine_from_args"]
+__all__ = ["Option", "add_options", "engine_from_args", "policy_args_help"]
+
+
+def policy_args_help() -> str:
+    """What ``--policy-arg`` takes, per policy: ``snapkv: n_sink 0..4096 (4), ...``;
+    built from each policy's fields (``Policy.tunables``)."""
+    parts = []
+    for name, cls in POLICIES.items():
+        tunables = cls.tunables()
+        if tunables:
+            parts.append(f"{name}: " + ", ".join(t.describe() for t in tunables))
+    return "; ".join(parts).replace("%", "%%")
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:

@@ -9,10 +9,12 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..native.cpu import REPACK_MODES, requested_mode
-from ..policies import POLICIES, help_lines
+from ..policies import POLICIES, help_lines, parse_settings
+from ..pool.kvpool import LAYOUTS, SHARES
+from ..serve.config import ServerConfig
 from ..serve.guards import LOOPBACK_HOSTS, WILDCARD_ADDRESSES
 from . import types
-from .options import Option, add_options, engine_from_args
+from .options import Option, add_options, engine_from_args, policy_args_help
 from .types import kv_options
 
 _POLICY_OPTIONS: tuple[Option, ...] = (  # the cache policy and the model
@@ -20,13 +22,28 @@ _POLICY_OPTIONS: tuple[Option, ...] = (  # the cache policy and the model
         ("--policy", "--kv-cache-policy"),
         {
             "choices": list(POLICIES),
-            "default": "snapkv",
-            "help": f"eviction policy (default: snapkv). {help_lines()}",
+            "default": ServerConfig.policy,
+            "help": f"eviction policy (default: {ServerConfig.policy}). {help_lines()}",
+        },
+    ),
+    (
+        ("--policy-arg",),
+        {
+            "dest": "policy_args",
+            "action": "append",
+            "default": None,
+            "metavar": "NAME=VALUE",
+            "help": f"a parameter of the policy (repeatable): {policy_args_help()}",
         },
     ),
     (
         ("--budget",),
-        {"type": int, "default": 2048, "metavar": "N", "help": "KV cells kept per request"},
+        {
+            "type": int,
+            "default": ServerConfig.budget_tokens,
+            "metavar": "N",
+            "help": f"KV cells kept per request (default: {ServerConfig.budget_tokens})",
+        },
     ),
     (
         ("--keep-ratio", "--h2o-keep-ratio"),
@@ -89,15 +106,15 @@ def _access_options() -> tuple[Option, ...]:
 
 
 _CAPACITY_OPTIONS: tuple[Option, ...] = (  # how many requests, cells and bytes
-    (("--max-queue",), {"type": int, "default": 16, "metavar": "N"}),
+    (("--max-queue",), {"type": int, "default": ServerConfig.max_queue, "metavar": "N"}),
     (
         ("--parallel",),
         {
             "type": int,
-            "default": 4,
+            "default": ServerConfig.parallel,
             "metavar": "N",
-            "help": "requests decoded together, as sequences of one context (default: 4; "
-            "1: one at a time)",
+            "help": "requests decoded together, as sequences of one context (default: "
+            f"{ServerConfig.parallel}; 1: one at a time)",
         },
     ),
     (
@@ -113,34 +130,38 @@ _CAPACITY_OPTIONS: tuple[Option, ...] = (  # how many requests, cells and bytes
     (
         ("--share",),
         {
-            "choices": ("length", "even"),
-            "default": "length",
+            "choices": SHARES,
+            "default": ServerConfig.share,
             "help": "split the cells by each request's length (default) or evenly",
         },
     ),
     (
         ("--kv-layout",),
         {
-            "choices": ("shared", "streams"),
-            "default": "shared",
+            "choices": LAYOUTS,
+            "default": ServerConfig.layout,
             "help": "shared: one pool of --kv-cells that requests share by --share "
             "(default); streams: each request its own --kv-cells/--parallel cells, whose "
             "attention then spans only its own cells (faster reading on a CPU when several "
             "run)",
         },
     ),
-    (("--max-prompt-tokens",), {"type": int, "default": 262_144, "metavar": "N"}),
+    (
+        ("--max-prompt-tokens",),
+        {"type": int, "default": ServerConfig.max_prompt_tokens, "metavar": "N"},
+    ),
     (
         ("--max-tokens",),
-        {"type": int, "default": 256, "metavar": "N", "help": "chat default"},
+        {"type": int, "default": ServerConfig.max_tokens, "metavar": "N", "help": "chat default"},
     ),
     (
         ("--max-body-mb",),
         {
             "type": float,
-            "default": 16.0,
+            "default": ServerConfig.max_body_bytes / 2**20,
             "metavar": "MB",
-            "help": "refuse request bodies over this many MiB with 413 (default: 16)",
+            "help": "refuse request bodies over this many MiB with 413 (default: "
+            f"{ServerConfig.max_body_bytes / 2**20:g})",
         },
     ),
     (
@@ -193,11 +214,11 @@ def main(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Checks every option, then loads the model and serves until stopped."""
     from ..serve.api import create_app
     from ..serve.background import Server, uvicorn_config
-    from ..serve.config import ServerConfig
 
     check_options(args)
     server_config = ServerConfig(
         policy=args.policy,
+        policy_settings=parse_settings(args.policy, args.policy_args or ()),
         budget_tokens=args.budget,
         keep_ratio=args.keep_ratio,
         api_key=args.api_key,

@@ -96,6 +96,20 @@ def read_rows(tensor: int, row0: int, row1: int) -> np.ndarray:
     return out
 
 
+def read_keys(tensor: int, row0: int, row1: int) -> np.ndarray:
+    """Copy tokens ``[row0, row1)`` of an f32 key tensor (``Kcur-<layer>``, ggml ``ne``
+    ``[head_dim, n_head_kv, n_tokens]``) as float32 ``(row1 - row0, n_head_kv,
+    head_dim)``: one ``ggml_backend_tensor_get``, the tokens being contiguous."""
+    head_dim, n_head, _n_tokens, _ = tensor_shape(tensor)
+    nb0, nb1, nb2, _ = tensor_strides(tensor)
+    contiguous = nb0 == 4 and nb1 == head_dim * 4 and nb2 == n_head * nb1
+    if tensor_type(tensor) != GGML_TYPE_F32 or not contiguous:
+        raise ValueError(f"{tensor_name(tensor)}: expected a contiguous f32 tensor")
+    out = np.empty((row1 - row0, n_head, head_dim), dtype=np.float32)
+    _base.ggml_backend_tensor_get(tensor, out.ctypes.data, row0 * nb2, out.nbytes)
+    return out
+
+
 def make_eval_callback(fn: EvalCallback) -> llama_cpp.ggml_backend_sched_eval_callback:
     """Wrap ``fn(tensor, ask, user_data)`` as a C eval callback. It runs for every
     graph node of every decode, so it takes the C arguments as they are (no extra

@@ -1,10 +1,15 @@
-"""Attention capture through llama.cpp's eval callback.
+"""Attention and key capture through llama.cpp's eval callback.
 
 Only the ``kq_soft_max-<layer>`` tensors of the chosen layers are observed (the
 global layers on sliding-window models, which see the whole cache), and only
 the query rows a policy asked for are copied out. Heads are reduced by their
 mean and layers by their mean, so one row is a probability distribution over
 KV cells (units: attention probability, summing to 1 per row).
+
+Keys (for policies that score keys, such as KeyDiff) are the ``Kcur-<layer>``
+tensors of the same layers as RoPE left them, which is what the cache stores: the
+last node of that name and shape ``[head_dim, n_head_kv, n_tokens]`` in a layer's
+graph. They exist with flash attention on, so such policies keep it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from . import _ggml
 
 _PREFIX = b"kq_soft_max-"
+_KEYS = b"Kcur-"
 
 
 @dataclass
@@ -27,28 +33,31 @@ class Captured:
     ``visible``: bool ``(n_rows, n_kv)``, which cells each query row could see.
     ``attn``: float32 ``(k, n_kv)``, the last k query rows, head- and layer-mean.
     ``seconds``: wall time spent inside the callback copying and reducing.
+    ``keys``: float16 ``(n_rows, layers, n_head_kv, head_dim)``, each key of unit length.
     """
 
     visible: np.ndarray | None
     attn: np.ndarray | None
     seconds: float
+    keys: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Segment:
     """The rows ``[start, stop)`` of one sequence in KV stream ``stream`` of the
-    batch: keep its last ``rows`` attention rows (0: none) and, with
-    ``visibility``, which cells each row saw."""
+    batch: keep its last ``rows`` attention rows (0: none), with ``visibility``
+    which cells each row saw, with ``keys`` the keys of its rows."""
 
     start: int
     stop: int
     rows: int
     visibility: bool
     stream: int = 0
+    keys: bool = False
 
     @property
     def wanted(self) -> bool:
-        return self.rows > 0 or self.visibility
+        return self.rows > 0 or self.visibility or self.keys
 
 
 class _Part:
@@ -60,9 +69,10 @@ class _Part:
         self.visible: np.ndarray | None = None
         self.attn: np.ndarray | None = None
         self.layers = 0
+        self.keys: dict[bytes, np.ndarray] = {}  # by layer: the last key node read wins
 
 
-class AttentionCapture:
+class Capture:
     """The eval callback's state: armed before each decode, read after it.
 
     One decode may hold several sequences (see pool.py): each is a ``Segment``
@@ -70,15 +80,18 @@ class AttentionCapture:
     one shared cache (``kv_unified``) the tensor has one stream and rows in batch
     order; another sequence's cells are masked, probability exactly 0. With one
     KV stream per sequence it is ``[n_kv, rows, heads, streams]``: each sequence
-    has its own stream slot, rows and cells (docs/multiseq.md §2).
+    has its own stream slot, rows and cells (docs/multiseq.md §2). ``key_shape``
+    (head_dim, n_head_kv) lets segments ask for keys too.
     """
 
-    def __init__(self, layers: Sequence[int]) -> None:
+    def __init__(self, layers: Sequence[int], key_shape: tuple[int, int] | None = None) -> None:
         if not layers:
             raise ValueError("at least one layer to capture is needed")
         self.layers = tuple(layers)
+        self.key_shape = key_shape
         self._wanted = {str(layer).encode() for layer in self.layers}
         self._armed = False
+        self._keys = False
         self._parts: list[_Part] = []
         self._n_rows = 0
         self._n_streams = 1
@@ -89,8 +102,11 @@ class AttentionCapture:
     def arm(self, n_rows: int, segments: Sequence[Segment], n_streams: int = 1) -> None:
         """Capture the next decode of ``n_rows`` rows in each of ``n_streams`` KV
         streams for ``segments``."""
+        if self.key_shape is None and any(s.keys for s in segments):
+            raise ValueError("this capture was made without keys")
         self._parts = [_Part(s) for s in segments]
         self._armed = any(s.wanted for s in segments)
+        self._keys = any(s.keys for s in segments)
         self._n_rows = n_rows
         self._n_streams = n_streams
         self._seconds = 0.0
@@ -105,7 +121,10 @@ class AttentionCapture:
         for part in self._parts:
             if part.attn is not None and part.layers > 1:
                 part.attn /= part.layers
-            out.append(Captured(part.visible, part.attn, self._seconds))
+            keys = None
+            if part.keys:
+                keys = np.stack([part.keys[k] for k in sorted(part.keys, key=int)], axis=1)
+            out.append(Captured(part.visible, part.attn, self._seconds, keys))
         return out
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
@@ -114,17 +133,39 @@ class AttentionCapture:
         if not self._armed or not tensor:
             return not ask
         name = _ggml.tensor_name_bytes(tensor)
-        if not name.startswith(_PREFIX) or name[len(_PREFIX) :] not in self._wanted:
+        if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._wanted:
+            read = self._read
+        elif self._keys and name.startswith(_KEYS) and self._is_key(tensor, name):
+            read = self._read_keys
+        else:
             return not ask
         if ask:
             return True
         start = time.perf_counter()
         try:
-            self._read(tensor)
+            read(tensor)
         except BaseException as exc:  # surfaced by take(); never raise into C
             self.error = exc
         self._seconds += time.perf_counter() - start
         return True
+
+    def _is_key(self, tensor: int, name: bytes) -> bool:
+        """A layer's keys as the cache takes them: ``[head_dim, n_head_kv, tokens]``."""
+        if name[len(_KEYS) :] not in self._wanted or self.key_shape is None:
+            return False
+        head_dim, n_head, n_tokens, _ = _ggml.tensor_shape(tensor)
+        return (head_dim, n_head) == self.key_shape and n_tokens == self._n_rows * self._n_streams
+
+    def _read_keys(self, tensor: int) -> None:
+        layer = _ggml.tensor_name_bytes(tensor)[len(_KEYS) :]
+        for part in self._parts:
+            seg = part.seg
+            if not seg.keys:
+                continue
+            row0 = seg.stream * self._n_rows + seg.start
+            keys = _ggml.read_keys(tensor, row0, row0 + seg.stop - seg.start)
+            norms = np.linalg.norm(keys, axis=-1, keepdims=True)
+            part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
 
     def _read(self, tensor: int) -> None:
         _n_kv, n_rows, n_head, n_stream = _ggml.tensor_shape(tensor)

@@ -19,7 +19,7 @@ from llama_cpp import _internals
 
 from ..errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
 from . import _ggml
-from .capture import AttentionCapture, Captured, Segment
+from .capture import Capture, Captured, Segment
 from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
 
@@ -39,7 +39,7 @@ def _context_params(
     type_v: int,
     n_seq_max: int,
     kv_unified: bool,
-    capture: AttentionCapture | None,
+    capture: Capture | None,
     abort_callback: llama_cpp.ggml_abort_callback,
 ) -> llama_cpp.llama_context_params:
     """llama.cpp's context parameters for these settings; the caller keeps
@@ -64,9 +64,8 @@ def _context_params(
             if flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
-    if capture is not None:
-        # the attention probabilities exist only without flash attention
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if capture is not None:  # flash attention is the caller's (CacheSettings): off to
+        # read attention (the probabilities exist only without it), any to read keys
         params.cb_eval = capture.c_callback
         params.cb_eval_user_data = None
     params.abort_callback = abort_callback
@@ -98,7 +97,7 @@ class NativeContext:
         n_ctx: int,
         n_batch: int,
         n_threads: int,
-        capture: AttentionCapture | None,
+        capture: Capture | None,
         flash_attn: bool | None = None,
         swa_full: bool = False,
         type_k: int = KV_TYPES["f16"],
@@ -175,7 +174,7 @@ class NativeContext:
     ) -> Captured | None:
         """Decode ``tokens`` of sequence ``seq`` at positions ``pos0...``; logits for
         the last one if asked (for every one with ``every``). ``capture``: the
-        attention to keep (its ``start``/``stop`` are ignored: all the rows)."""
+        attention and keys to keep (its ``start``/``stop`` are ignored: all the rows)."""
         n = len(tokens)
         entries = [(seq, tok, pos0 + i, every) for i, tok in enumerate(tokens)]
         if n:
@@ -183,7 +182,7 @@ class NativeContext:
         if capture is None:
             self.decode_batch(entries)
             return None
-        seg = Segment(0, n, capture.rows, capture.visibility)
+        seg = Segment(0, n, capture.rows, capture.visibility, keys=capture.keys)
         return self.decode_batch(entries, [seg])[0]
 
     def decode_batch(

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Observation, Policy
+from .base import Observation, Policy, Reads
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Full(Policy):
     help: ClassVar[str] = (
         "Keeps every token; fails clearly when the input does not fit the budget (the baseline)."
     )
-    needs_attention: ClassVar[bool] = False
+    reads: ClassVar[Reads] = "nothing"
     evicts: ClassVar[bool] = False
 
     def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:

@@ -15,16 +15,24 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Observation, Policy, realign
+from .base import Keys, Observation, Policy, param, realign, recent_window, sinks
 
 
 @dataclass
 class H2O(Policy):
     """Accumulated attention per token; ``recent_ratio`` of the budget is recent."""
 
-    n_sink: int = 0
-    recent: int = 0
-    recent_ratio: float = 0.5
+    n_sink: int = sinks(0)
+    recent: int = recent_window(
+        0, "The newest tokens, always kept; 0 keeps the recent share of the budget."
+    )
+    recent_ratio: float = param(
+        0.5,
+        "Recent share",
+        "The budget's share kept as the recent window (the paper: half).",
+        0.0,
+        1.0,
+    )
 
     name: ClassVar[str] = "h2o"
     label: ClassVar[str] = "H2O"
@@ -40,12 +48,19 @@ class H2O(Policy):
     def recent_for(self, budget: int) -> int:
         return self.recent or int(budget * self.recent_ratio)
 
-    def observe(self, obs: Observation) -> None:
+    def observe(self, obs: Observation | Keys) -> None:
+        assert isinstance(obs, Observation)
         acc = realign(self._acc, self._ids, obs.ids)
         self._ids, self._acc = obs.ids, acc + obs.attn.sum(axis=0)
 
     def reset(self) -> None:
         self._ids, self._acc = np.zeros(0, np.int64), np.zeros(0)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"ids": self._ids, "acc": self._acc}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self._ids, self._acc = state["ids"], state["acc"]
 
     def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:
         acc = realign(self._acc, self._ids, ids)

@@ -12,14 +12,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Observation, Policy
+from .base import Observation, Policy, Reads, sinks
 
 
 @dataclass
 class StreamingLLM(Policy):
     """Score = recency (the token id), so the budget fills with the newest tokens."""
 
-    n_sink: int = 4
+    n_sink: int = sinks(4)
     recent: int = 0
 
     name: ClassVar[str] = "streaming"
@@ -28,7 +28,7 @@ class StreamingLLM(Policy):
         "Attention sinks plus the most recent tokens, what llama.cpp's context shift "
         "keeps (Xiao et al. 2023, StreamingLLM)."
     )
-    needs_attention: ClassVar[bool] = False
+    reads: ClassVar[Reads] = "nothing"
     recency_only: ClassVar[bool] = True
 
     def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:

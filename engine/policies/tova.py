@@ -13,15 +13,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Observation, Policy, realign
+from .base import Keys, Observation, Policy, realign, recent_window, sinks
 
 
 @dataclass
 class TOVA(Policy):
     """Score = attention of the newest query row (units: probability)."""
 
-    n_sink: int = 0
-    recent: int = 1
+    n_sink: int = sinks(0)
+    recent: int = recent_window(1)
 
     name: ClassVar[str] = "tova"
     label: ClassVar[str] = "TOVA"
@@ -30,11 +30,18 @@ class TOVA(Policy):
 
     _last: Observation | None = field(default=None, repr=False)
 
-    def observe(self, obs: Observation) -> None:
+    def observe(self, obs: Observation | Keys) -> None:
+        assert isinstance(obs, Observation)
         self._last = Observation(obs.ids, obs.attn[-1:])
 
     def reset(self) -> None:
         self._last = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {} if self._last is None else {"ids": self._last.ids, "attn": self._last.attn}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self._last = Observation(state["ids"], state["attn"]) if "ids" in state else None
 
     def score(self, ids: np.ndarray, query: Observation | None) -> np.ndarray:
         latest = query if query is not None else self._last

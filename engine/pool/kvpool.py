@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import Cancelled, ConfigError, ContextOverflowError
-from ..native.capture import AttentionCapture
+from ..errors import Cancelled, ContextOverflowError
+from ..native.capture import Capture
 from ..native.context import NativeContext
 from ..native.kvmemory import CacheSettings, pad
 from ..native.model import Model
-from ..policies import Policy
+from ..policies import ATTENTION, Needs, Policy
 from ..session.core import Session, SessionConfig
 from . import metrics
 from .scheduler import Scheduler, SharedContext
@@ -42,19 +42,10 @@ __all__ = ["LAYOUTS", "MIN_SHARE", "QUESTION_ROOM", "SHARES", "SLACK", "KVPool",
 ADMIT_POLL_S = 0.05  # seconds between looks at a waiting request's cancel
 
 
-def _capture(model: Model, reads_attention: bool) -> AttentionCapture | None:
-    """What reads the attention of the model's global layers, if asked."""
-    if not reads_attention:
-        return None
-    if not model.info.global_layers:
-        raise ConfigError(f"kvtrim cannot read attention on {model.info.arch}")
-    return AttentionCapture(model.info.global_layers)
-
-
 def _context(
     model: Model,
     cache: CacheSettings,
-    capture: AttentionCapture | None,
+    capture: Capture | None,
     *,
     cells: int,
     max_seqs: int,
@@ -92,7 +83,7 @@ class KVPool:
         cells: int,
         max_seqs: int,
         n_threads: int,
-        reads_attention: bool = True,
+        needs: Needs = ATTENTION,
         flash_attn: str = "auto",
         kv_type: str = "f16",
         swa_cache: str = "window",
@@ -105,11 +96,10 @@ class KVPool:
         ``gather_s``: how long a step waits at most for the other running sequences
         (a quarter of the last decode's time, within 2 ms..``gather_s``)."""
         check_settings(cells, max_seqs, share, layout)
-        capture = _capture(model, reads_attention)
+        capture = needs.capture(model.info)
         info = model.info
         # decided as for a lone session, so a request gets the same cache either way
-        self.cache = cache = CacheSettings.decide(
-            reads_attention=reads_attention,
+        self.cache = cache = needs.cache(
             kv_type=kv_type,
             flash_attn=flash_attn,
             swa_cache=swa_cache,

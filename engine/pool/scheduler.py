@@ -327,11 +327,11 @@ class Scheduler:
                 out = step.every or (step.logits and i == n - 1)
                 entries.append((step.seq, tok, step.pos0 + i, out))
             if step.capture is not None:
-                rows, vis = step.capture.rows, step.capture.visibility
+                rows, vis, keys = step.capture.rows, step.capture.visibility, step.capture.keys
                 if streams == 1:
-                    segments.append(Segment(a, a + n, rows, vis))
+                    segments.append(Segment(a, a + n, rows, vis, keys=keys))
                 else:  # stream k holds this step's n rows
-                    segments.append(Segment(0, n, rows, vis, stream=k))
+                    segments.append(Segment(0, n, rows, vis, stream=k, keys=keys))
         return entries, segments, starts
 
     def _read_out(self, step: _Step, a: int, got: Iterator[Captured], n_segments: int) -> None:
@@ -344,7 +344,7 @@ class Scheduler:
             step.out = ctx.logits_at(a + n - 1)[None]
         if step.capture is not None:
             c = next(got)
-            step.captured = Captured(c.visible, c.attn, c.seconds / n_segments)
+            step.captured = Captured(c.visible, c.attn, c.seconds / n_segments, c.keys)
 
     def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
         """llama.cpp found no free cells and left the cache as it was: a batch tries

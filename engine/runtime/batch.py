@@ -290,7 +290,7 @@ def make_pool(
         cells=pad(config.budget_tokens + config.chunk()),
         max_seqs=parallel,
         n_threads=config.n_threads or default_threads(),
-        reads_attention=policy.needs_attention,
+        needs=policy.needs(),
         flash_attn=settings.flash_attn,
         kv_type=config.kv_type,
         swa_cache=config.swa_cache,

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..native.model import Model
-from ..policies import Policy, make_policy
+from ..policies import DEFAULT, Policy, make_policy
+from ..session.config import SessionOptions
 from ..session.core import MAX_BATCH, Session, SessionConfig
 from ..session.prompts import check_template
 
@@ -55,7 +56,10 @@ class Engine:
         return self.model.info.name
 
     def session(
-        self, policy: str | Policy = "snapkv", budget_tokens: int = 1024, **options: Any
+        self,
+        policy: str | Policy = DEFAULT,
+        budget_tokens: int = SessionOptions.budget_tokens,
+        **options: Any,
     ) -> Session:
         """A new session with its own cache; the model is not reloaded. ``options``:
         ``SessionConfig``'s fields (see ``session.config.SessionOptions``); any other
@@ -71,7 +75,7 @@ class Engine:
 
     def config(
         self,
-        budget_tokens: int = 1024,
+        budget_tokens: int = SessionOptions.budget_tokens,
         *,
         swa_cache: str | None = None,
         kv_type: str | None = None,

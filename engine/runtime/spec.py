@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..policies import Policy, make_policy
+from ..policies import DEFAULT, Policy, make_policy, parse_settings
 from ..session.config import SessionConfig, SessionOptions
 from ..session.core import Session
 from ..session.sampling import Sampling
@@ -39,7 +39,7 @@ class RequestSpec(SessionOptions):
     (``policy_settings``: its own parameters, e.g. H2O's heavy share) and generation's.
     Made with keywords: ``RequestSpec(policy="snapkv", budget_tokens=512)``."""
 
-    policy: str = "snapkv"
+    policy: str = DEFAULT
     policy_settings: tuple[tuple[str, Any], ...] = ()
     max_tokens: int = 128
     sampling: Sampling = field(default_factory=Sampling)
@@ -52,8 +52,10 @@ class RequestSpec(SessionOptions):
         name sets it (see cli/main.py ``_common``); sampling, stops and the answer
         prefix are made from their parts."""
         plain = (*SessionOptions.names(), "policy", "max_tokens")
+        policy = getattr(args, "policy", DEFAULT)
         return cls(
             **{name: getattr(args, name) for name in plain if hasattr(args, name)},
+            policy_settings=parse_settings(policy, getattr(args, "policy_args", None) or ()),
             sampling=Sampling(args.temperature, args.top_p, args.seed),
             stops=tuple(args.stop) if args.stop is not None else None,
             answer_prefix=args.answer_prefix.strip(),

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
-from ..policies import POLICIES, make_policy
+from ..policies import DEFAULT, POLICIES, make_policy
 from ..pool.kvpool import LAYOUTS, MIN_SHARE, QUESTION_ROOM, SHARES
 from .guards import LOOPBACK_HOSTS
 from .schemas import MAX_TOKENS
@@ -20,7 +21,8 @@ class ServerConfig:
     (up to ``max_kv_budget``) and keep ratio. Checked when made: a bad setting
     raises ``ConfigError`` (``kvtrim serve`` reports it before loading the model)."""
 
-    policy: str = "snapkv"
+    policy: str = DEFAULT
+    policy_settings: tuple[tuple[str, Any], ...] = ()  # the policy's parameters (parse_settings)
     budget_tokens: int = 2048
     keep_ratio: float | None = None  # budget = ratio x prompt tokens, at most budget_tokens
     api_key: str | None = None
@@ -30,7 +32,7 @@ class ServerConfig:
     max_kv_budget: int | None = None  # a request's kv_budget at most; None: budget_tokens
     max_body_bytes: int = 16 * 2**20
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header names; "*" allows any
-    parallel: int = 1  # requests decoded together in one context (see engine/pool/kvpool.py)
+    parallel: int = 4  # requests decoded together in one context (see engine/pool/kvpool.py)
     kv_cells: int | None = None  # the KV cells all of them share; None: see pool_cells
     share: str = "length"  # how the cells are split between requests (pool.SHARES)
     layout: str = "shared"  # one pool of cells, or one KV stream per request (pool.LAYOUTS)
@@ -39,7 +41,7 @@ class ServerConfig:
         for ok, message in self._checks():
             if not ok:
                 raise ConfigError(message)
-        policy = make_policy(self.policy)
+        policy = make_policy(self.policy, **dict(self.policy_settings))
         if policy.evicts and self.budget_tokens < policy.protected(self.budget_tokens) + 1:
             raise ConfigError(
                 f"--budget {self.budget_tokens} is too small for {self.policy}: it keeps "

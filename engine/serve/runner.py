@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, KvtrimError
+from ..policies import Needs, needs_of
 from ..pool.kvpool import KVPool
 from ..runtime.engine import Engine
 from ..runtime.prefix import MIN_PREFIX_TOKENS, PrefixCache
@@ -103,7 +104,7 @@ class EngineRunner:
                 cells=kv_cells,
                 max_seqs=parallel,
                 n_threads=engine.n_threads or default_threads(),
-                reads_attention=bool(engine.model.info.global_layers),
+                needs=needs_of() if engine.model.info.global_layers else Needs(),
                 kv_type=engine.kv_type,
                 swa_cache=engine.swa_cache,
                 share=share,

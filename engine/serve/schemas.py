@@ -30,6 +30,9 @@ class KvOverrides(BaseModel):
     kv_policy: str | None = None
     kv_budget: int | None = Field(default=None, ge=16)
     kv_keep_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    kv_policy_args: dict[str, float] | None = Field(default=None, max_length=16)
+    """The policy's parameters by name (``window``, ``kernel``...): each policy's
+    fields (``Policy.tunables``), checked against their ranges."""
 
 
 class _Sampling(KvOverrides):

@@ -16,7 +16,7 @@ import math
 from typing import Any, Protocol
 
 from ..errors import ConfigError
-from ..policies import POLICIES
+from ..policies import POLICIES, parse_settings
 from ..runtime.spec import RequestSpec
 from ..session.prompts import chat_prompt
 from ..session.sampling import Sampling
@@ -50,6 +50,18 @@ def sampling(req: Request) -> Sampling:
         return Sampling(temperature, req.top_p, req.seed)
     except ConfigError as exc:
         raise invalid(str(exc), code="invalid_value") from exc
+
+
+def policy_settings(req: Request, config: ServerConfig, policy: str) -> tuple[tuple[str, Any], ...]:
+    """The request's ``kv_policy_args`` for ``policy`` (checked), else the server's own
+    where it runs the server's policy."""
+    given = getattr(req, "kv_policy_args", None)
+    if given is None:
+        return config.policy_settings if policy == config.policy else ()
+    try:
+        return parse_settings(policy, given)
+    except ConfigError as exc:
+        raise invalid(str(exc), "kv_policy_args", "invalid_value") from None
 
 
 def check_overrides(req: Request, config: ServerConfig) -> str:
@@ -174,6 +186,7 @@ class JobBuilder:
         budget = budget_for(req, self.config, policy, len(head) + len(tail), max_tokens)
         spec = RequestSpec(
             policy=policy,
+            policy_settings=policy_settings(req, self.config, policy),
             budget_tokens=budget,
             max_tokens=max_tokens,
             sampling=sampling(req),

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import Cancelled, ConfigError
 from ..kv.cache import KVCache
 from ..kv.context import PooledSequence, SequenceContext
-from ..native.kvmemory import CacheSettings, type_name
+from ..native.kvmemory import type_name
 from ..native.model import Model
 from ..policies import Policy
 from ..stats import Done, Event, KVStats, Result
@@ -285,9 +285,9 @@ class Session:
         self.reset()
         r = self.reader
         n_tokens = len(head) + len(tail) + max_tokens
-        # a job that fits whole never evicts: no attention to read, unless the policy
-        # keeps every query's (H2O's history would miss this read)
-        r.capture(n_tokens > self.capacity or self.policy.query_rows is None)
+        # a job that fits whole never evicts: nothing to read, unless the policy keeps
+        # every decode's (H2O's history, KeyDiff's keys would miss this read)
+        r.capture(n_tokens > self.capacity or self.policy.needs().history)
         r.reserve(n_tokens, shrink=True)
         r.t0 = time.perf_counter()
         for name, text, tokens in sources or [("prompt", None, head), ("question", None, tail)]:
@@ -378,8 +378,7 @@ def _reader(model: Model, policy: Policy, config: SessionConfig, sizing: OwnCont
     if sizing.n_ctx_max >= max_position:
         raise ConfigError(f"budget + chunk ({sizing.n_ctx_max}) must be below {max_position}")
     info = model.info
-    wanted = CacheSettings.decide(
-        reads_attention=policy.needs_attention,
+    wanted = policy.needs().cache(
         kv_type=config.kv_type,
         flash_attn=config.flash_attn,
         swa_cache=config.swa_cache,
@@ -408,8 +407,8 @@ def _check(model: Model, policy: Policy, config: SessionConfig) -> None:
             f"budget {budget} is too small for {policy.name}: it keeps "
             f"{policy.protected(budget)} sink and recent tokens"
         )
-    if policy.needs_attention and not model.info.global_layers:
+    if policy.needs().hooked and not model.info.global_layers:
         raise ConfigError(
-            f"{policy.name} needs attention, but kvtrim does not know which layers of "
+            f"{policy.name} reads {policy.reads}, but kvtrim does not know which layers of "
             f"{model.info.arch} see the whole cache; use streaming or full"
         )

@@ -18,7 +18,7 @@ from ..kv.context import SequenceContext
 from ..native.capture import Captured, Segment
 from ..native.kvmemory import KVLayout, pad
 from ..native.model import Model
-from ..policies import Observation, Policy
+from ..policies import Keys, Observation, Policy
 from ..stats import Event, Evicted, KVStats, Progress
 from .config import SessionConfig
 from .sizing import OwnContext
@@ -42,6 +42,7 @@ class Reader:
         """``kv_type``: the cache's types as the figures name them ("f16", "q8_0/f16")."""
         self.model = model
         self.policy = policy
+        self.needs = policy.needs()
         self.config = config
         self.sizing = sizing
         self.ctx = ctx
@@ -72,19 +73,24 @@ class Reader:
         self.sync_stats()  # a pool counts cells from the last report: now none
 
     @property
-    def reads_attention(self) -> bool:
-        """Whether decodes read attention now: the policy needs it and the context
-        captures it (a lone session reads a job that fits whole without: see
+    def capturing(self) -> bool:
+        """Whether decodes read what the policy reads now: it reads something and the
+        context captures it (a lone session reads a job that fits whole without: see
         ``capture``)."""
-        return self.policy.needs_attention and getattr(self.ctx, "capture", True) is not None
+        return self.needs.hooked and getattr(self.ctx, "capture", True) is not None
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether decodes read attention now (see ``capturing``)."""
+        return self.needs.attention and self.capturing
 
     def capture(self, on: bool) -> None:
-        """Read attention from now on, or not (a lone session's job that fits whole
-        never evicts: without the capture llama.cpp reuses its graphs and calls no
-        Python per graph node). Turned on with tokens held, the sequence moves to a
-        capturing context; nothing was removed from the middle while it was off, so
-        its cells hold its positions in order (``KVCache.rebind``)."""
-        if self.policy.needs_attention and self.sizing.grows and on != self.reads_attention:
+        """Read what the policy reads from now on, or not (a lone session's job that
+        fits whole never evicts: without the capture llama.cpp reuses its graphs and
+        calls no Python per graph node). Turned on with tokens held, the sequence moves
+        to a capturing context; nothing was removed from the middle while it was off,
+        so its cells hold its positions in order (``KVCache.rebind``)."""
+        if self.needs.hooked and self.sizing.grows and on != self.capturing:
             self._move(self.ctx.n_ctx, on)
 
     def answering(self, stops: tuple[str, ...]) -> None:
@@ -161,9 +167,17 @@ class Reader:
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
         pos0 = self.cache.next_lpos
-        if not self.reads_attention:
+        if not self.capturing:
             self.ctx.decode(tokens, pos0, logits=logits, every=every)
             self.cache.appended(n, _edges(self.model, self.config, tokens))
+        elif self.needs.keys:
+            got = self._captured(tokens, pos0, 0, visibility=False, logits=logits, every=every)
+            first = self.cache.next_id
+            self.cache.appended(n, _edges(self.model, self.config, tokens))
+            if got.keys is not None:
+                with self.ctx.busy():
+                    ids = np.arange(first, first + n, dtype=np.int64)
+                    self.policy.observe(Keys(ids, got.keys))
         else:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
             got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
@@ -191,7 +205,7 @@ class Reader:
     ) -> Captured:
         """Decode ``tokens`` at ``pos0...`` with the capture armed: the last ``rows``
         attention rows and, with ``visibility``, the cells each row could see."""
-        seg = Segment(0, len(tokens), rows, visibility)
+        seg = Segment(0, len(tokens), rows, visibility, keys=self.needs.keys)
         got = self.ctx.decode(tokens, pos0, logits=logits, every=every, capture=seg)
         assert got is not None
         self.stats.capture_s += got.seconds
@@ -268,7 +282,7 @@ class Reader:
     def _resize(self, n_ctx: int) -> None:
         """Move the sequence into a new context of ``n_ctx`` cells (llama.cpp cannot
         resize a cache in place); the cells keep their order (see KVCache.rebind)."""
-        self._move(n_ctx, self.reads_attention)
+        self._move(n_ctx, self.capturing)
 
     def _move(self, n_ctx: int, capture: bool) -> None:
         """The sequence into a new context of ``n_ctx`` cells, reading attention or not."""
@@ -282,7 +296,7 @@ class Reader:
             new.close()
             raise
         old, self.ctx = self.ctx, new
-        self.cache.rebind(new, track_cells=capture and self.policy.needs_attention)
+        self.cache.rebind(new, track_cells=capture and self.needs.cell_map)
         old.close()
         self.stats.n_ctx = new.n_ctx
         self.stats.swa_cells = new.swa_cells

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..kv.context import PooledSequence, SequenceContext
-from ..native.capture import AttentionCapture
 from ..native.context import NativeContext
 from ..native.kvmemory import CacheSettings, pad
 from ..native.model import Model
@@ -40,8 +39,7 @@ class OwnContext:
         context of its own, as small as a batch (it grows with the text, up to
         ``n_ctx_max``: a short document never holds more cells than llama.cpp would
         give it)."""
-        layers = model.info.global_layers
-        capture = AttentionCapture(layers) if self.policy.needs_attention else None
+        capture = self.policy.needs().capture(model.info)
         ctx = NativeContext(
             model,
             n_ctx=min(self.n_ctx_max, pad(n_batch)),

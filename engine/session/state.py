@@ -25,7 +25,6 @@ import json
 import os
 import tempfile
 import zipfile
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +35,7 @@ import numpy as np
 from ..errors import EngineError, StateError
 from ..kv.cells import EMPTY, CellMap
 from ..native.model import Model
-from ..policies import Observation, Policy
+from ..policies import Policy
 from ..stats import KVStats
 from .config import SessionConfig
 from .follow_up import FollowUps
@@ -182,49 +181,27 @@ class SavedState:
         return cls(meta, entries, kv)
 
 
-# -- the policy's observations -------------------------------------------------
+# -- what the policy carries --------------------------------------------------
+
+_POLICY = "policy."
 
 
 def _policy_arrays(policy: Policy) -> dict[str, np.ndarray]:
-    """What the policy observed (its private fields: arrays, observations, or a
-    queue of observations) as named arrays."""
-    out: dict[str, np.ndarray] = {}
-    for f in dataclasses.fields(policy):
-        value = getattr(policy, f.name)
-        if not f.name.startswith("_") or value is None:
-            continue
-        key = f"policy{f.name}"
-        if isinstance(value, np.ndarray):
-            out[key] = value
-        elif isinstance(value, Observation):
-            out[f"{key}.ids"], out[f"{key}.attn"] = value.ids, value.attn
-        elif isinstance(value, (deque, list)):
-            for i, obs in enumerate(value):
-                out[f"{key}.{i}.ids"], out[f"{key}.{i}.attn"] = obs.ids, obs.attn
-        else:
-            raise StateError(f"{policy.name} keeps state kvtrim cannot save ({type(value)})")
-    return out
-
-
-def _observation(arrays: dict[str, np.ndarray], key: str) -> Observation:
-    return Observation(arrays[f"{key}.ids"], arrays[f"{key}.attn"])
+    """The policy's ``state_dict()`` as named arrays of the file."""
+    return {_POLICY + k: np.asarray(v) for k, v in policy.state_dict().items()}
 
 
 def _load_policy(policy: Policy, arrays: dict[str, np.ndarray]) -> None:
+    """Give the policy back its state: ``policy.<key>`` arrays, or those of a file
+    written before policies had ``state_dict`` (``policy_<field>[.<key>]``: H2O's
+    ``policy_ids``, SnapKV's ``policy_rows.0.ids``, TOVA's ``policy_last.attn``)."""
     policy.reset()
-    for f in dataclasses.fields(policy):
-        key = f"policy{f.name}"
-        if not f.name.startswith("_"):
-            continue
-        current = getattr(policy, f.name)
-        if key in arrays:
-            setattr(policy, f.name, arrays[key])
-        elif f"{key}.ids" in arrays:
-            setattr(policy, f.name, _observation(arrays, key))
-        elif isinstance(current, (deque, list)):
-            n = sum(1 for name in arrays if name.startswith(f"{key}.") and name.endswith(".ids"))
-            rows = [_observation(arrays, f"{key}.{i}") for i in range(n)]
-            setattr(policy, f.name, type(current)(rows))
+    state = {k[len(_POLICY) :]: v for k, v in arrays.items() if k.startswith(_POLICY)}
+    if not state:
+        legacy = {k[len("policy_") :]: v for k, v in arrays.items() if k.startswith("policy_")}
+        state = {(k.split(".", 1)[1] if "." in k else k): v for k, v in legacy.items()}
+    if state:
+        policy.load_state_dict(state)
 
 
 # -- the memory map's sources ---------------------------------------------------
@@ -264,7 +241,7 @@ def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedStat
     arrays = {"ids": cache.ids, "lpos": cache.lpos, "words": cache.words}
     if cache.cells is not None:
         arrays["cell_positions"] = cache.cells.pos[cache.cells.pos != EMPTY]
-    elif session.policy.needs_attention:  # read without capture: cells in position order
+    elif session.policy.needs().cell_map:  # read without capture: cells in position order
         arrays["cell_positions"] = np.sort(cache.lpos)
     if reader.logits is not None:
         arrays["logits"] = reader.logits
