@@ -15,12 +15,13 @@ from ..errors import ConfigError
 from .base import KeepSet, Keys, Needs, Observation, Policy, Tunable
 from .full import Full
 from .h2o import H2O
+from .keydiff import KeyDiff
 from .snapkv import SnapKV
 from .streaming import StreamingLLM
 from .tova import TOVA
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (Full, StreamingLLM, H2O, SnapKV, TOVA)
+    cls.name: cls for cls in (Full, StreamingLLM, H2O, SnapKV, TOVA, KeyDiff)
 }
 
 
@@ -126,6 +127,7 @@ __all__ = [
     "TOVA",
     "Full",
     "KeepSet",
+    "KeyDiff",
     "Keys",
     "Needs",
     "Observation",
