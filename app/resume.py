@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import Restored, StateError
+from engine.errors import DamagedStateError
 from engine.runtime.states import StateStore, key_digest
 from engine.session.state import SavedState
 
@@ -64,19 +65,24 @@ class ChatStates:
     def disk_bytes(self, conversation: int) -> int:
         return sum(self.store.size(self._key(conversation, k)) for k in (POST, PRE))
 
-    def delete(self, conversation: int) -> None:
-        for kind in (POST, PRE):
+    def delete(self, conversation: int, kinds: tuple[str, ...] = (POST, PRE)) -> None:
+        for kind in kinds:
             self.store.delete(self._key(conversation, kind))
 
 
-def restore(session: Any, load: Callable[[], SavedState]) -> Restored:
+def restore(
+    session: Any, load: Callable[[], SavedState], discard: Callable[[], None] = lambda: None
+) -> Restored:
     """Restore what ``load`` gives into ``session``; a ``Restored`` event, with
-    ``reason`` set when it could not be used (the session is then empty)."""
+    ``reason`` set when it could not be used (the session is then empty). A damaged
+    one is ``discard``ed, so the next start does not trip over it."""
     start = time.perf_counter()
     try:
         state = load()
         session.restore(state)
     except StateError as exc:
+        if isinstance(exc, DamagedStateError):
+            discard()
         return Restored(0, 0, time.perf_counter() - start, session.stats, str(exc))
     stats = session.stats
     return Restored(stats.cells_used, stats.tokens_seen, time.perf_counter() - start, stats)

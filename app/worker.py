@@ -243,10 +243,10 @@ class EngineWorker(QObject):
             loaded.append(states.load(job, kind, job.history))
             return loaded[-1]
 
-        event = restore(session, load)
+        event = restore(session, load, lambda: states.delete(job.conversation, (kind,)))
         if isinstance(event, Restored) and event.reason:
             if "no saved cache" not in event.reason:
-                self.notice.emit(f"Reading the document again: its saved cache {event.reason}.")
+                self.notice.emit(f"Reading the document again: {_reason(event.reason)}.")
             return None
         self._pre_stops = tuple(loaded[0].extra.get("stops", ())) if job.fresh else ()
         return event
@@ -402,3 +402,9 @@ class WorkerThread:
         self.requests.shutdown.emit()
         self.thread.quit()
         self.thread.wait(10_000)
+
+
+def _reason(why: str) -> str:
+    """Why a saved cache was not used, as the second half of a notice: "its saved cache
+    was saved with ...", or "the saved cache is damaged: ..." as it is."""
+    return why if why.startswith("the saved cache") else f"its saved cache {why}"

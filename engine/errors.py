@@ -45,6 +45,12 @@ class StateError(KvtrimError):
     corrupt or truncated file. The message says why; the caller reads the text again."""
 
 
+class DamagedStateError(StateError):
+    """A saved cache whose file is damaged (truncated, bits flipped, not kvtrim's, or
+    with values no session could have written): unlike another model's or settings'
+    cache, it is of no use to anyone, and its file is removed."""
+
+
 class PeerError(KvtrimError):
     """A benchmark's server (llama-server, kvtrim serve) did not start: the message
     names its log and ends with the log's last lines."""

@@ -286,7 +286,10 @@ def _resumed_line(chat: Chat) -> str:
         )
     if not chat.resume_note:
         return ""
-    return f"not resumed: the saved conversation's cache {chat.resume_note}; reading again"
+    note = chat.resume_note
+    if not note.startswith("the saved cache"):
+        note = f"the saved conversation's cache {note}"
+    return f"not resumed: {note}; reading again"
 
 
 def history_file() -> Path | None:

@@ -359,6 +359,9 @@ def _answer(
     for event in events:
         if isinstance(event, Restored):
             args.cached_tokens = event.seen
+            if event.reason:  # one line, before the answer: the document is read again
+                err.write(f"note: {shown(str(args.file))}: {event.reason}\n")
+                err.flush()
         if isinstance(event, (Progress, Evicted)):
             monitor.sample()
         if isinstance(event, Progress) and show_progress:

@@ -79,6 +79,18 @@ class _LlamaLog:
         finally:
             self._decoding.cancel = outer
 
+    @contextlib.contextmanager
+    def collected(self) -> Iterator[list[str]]:
+        """Around a native call whose failure the caller handles (a saved cache
+        loaded): llama.cpp's lines from this thread go into the list it yields,
+        not to the log, so none lands in the middle of an answer on the terminal."""
+        outer = getattr(self._decoding, "lines", None)
+        self._decoding.lines = lines = []
+        try:
+            yield lines
+        finally:
+            self._decoding.lines = outer
+
     def _cancelling(self) -> bool:
         cancel = getattr(self._decoding, "cancel", None)
         return cancel is not None and cancel.is_set()
@@ -91,12 +103,17 @@ class _LlamaLog:
             line, self._buffer = self._buffer.rstrip("\n"), ""
             if _ABORT_LINES.fullmatch(line.strip()) and self._cancelling():
                 return
+            lines = getattr(self._decoding, "lines", None)
+            if lines is not None:
+                lines.append(line.strip())
+                return
             if log.isEnabledFor(self._level):
                 log.log(self._level, "%s", line)
 
 
 _llama_log = _LlamaLog()
 decoding = _llama_log.decoding
+collected_log = _llama_log.collected
 
 
 def check_gguf(path: Path) -> None:

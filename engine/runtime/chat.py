@@ -140,9 +140,8 @@ class Chat:
             return False
         start = time.perf_counter()
         try:
-            state = self.saved.store.get(self.saved.key)
-            self.session.restore(state)
-        except StateError as exc:  # none saved yet needs no note
+            state = self.saved.store.restore(self.saved.key, self.session)
+        except StateError as exc:  # none saved yet needs no note; a damaged one is removed
             self.resume_note = "" if "no saved cache" in str(exc) else str(exc)
             return False
         self.earlier = [tuple(t) for t in state.extra.get("turns", [])]  # type: ignore[misc]

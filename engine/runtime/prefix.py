@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import StateError
+from ..errors import DamagedStateError, StateError
 from ..session.core import Session, Sources
 from ..session.state import SavedState
 from ..stats import Done, Event, Restored
@@ -59,8 +59,9 @@ class PrefixCache:
         restored = self._restore(session, key)
         if restored is not None:
             yield restored
-            yield from session.reask(tail, question, **gen)
-            return
+            if not restored.reason:
+                yield from session.reask(tail, question, **gen)
+                return
         read: list[SavedState] = []
         session.reader.checkpoint = lambda name: _keep(session, name, read)
         try:
@@ -72,10 +73,16 @@ class PrefixCache:
             session.reader.checkpoint = None
 
     def _restore(self, session: Session, key: str) -> Restored | None:
+        """The saved read of ``key`` put into ``session``: a ``Restored`` event, with
+        its ``reason`` where the file was damaged (removed: the text is read again);
+        None where there is none or it is another model's or settings'."""
         start = time.perf_counter()
         try:
-            session.restore(self.states.get(key))
-        except StateError:  # none, another model, or damaged: read the text again
+            self.states.restore(key, session)
+        except DamagedStateError as exc:
+            note = f"{exc}; reading the document again"
+            return Restored(0, 0, time.perf_counter() - start, session.stats, note)
+        except StateError:  # none, or another model's: read the text again
             return None
         stats = session.stats
         stats.cached_tokens = stats.tokens_seen

@@ -14,16 +14,19 @@ import contextlib
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from ..errors import StateError
+from ..errors import DamagedStateError, StateError
 from ..session.state import SUFFIX, SavedState
 
 STATES_ENV = "KVTRIM_STATES"  # the folder of saved caches; empty: save none
 DISK_BYTES = 2 << 30  # saved caches on disk at most (about 130 conversations at 15 MB)
 RAM_BYTES = 512 << 20  # saved caches a server keeps in RAM at most
+STALE_PARTIAL_S = 600.0  # a write takes seconds: an older .partial file was killed midway
 
 
 def default_store() -> StateStore | None:
@@ -90,6 +93,18 @@ class StateStore:
             os.utime(path)  # used now: the last to be pruned
         return state
 
+    def restore(self, key: str, session: Any) -> SavedState:
+        """The state saved under ``key``, put into ``session``; ``StateError`` with the
+        reason when there is none or it cannot be used, and a damaged file is removed
+        so the next run does not trip over it (``DamagedStateError``)."""
+        state = self.get(key)
+        try:
+            session.restore(state)
+        except DamagedStateError:
+            self.delete(key)
+            raise
+        return state
+
     def size(self, key: str) -> int:
         """Bytes saved under ``key`` (0: none)."""
         try:
@@ -102,7 +117,15 @@ class StateStore:
             self.path(key).unlink()
 
     def _prune(self, keep: Path) -> None:
-        """Remove the least recently used files until the folder is within bounds."""
+        """Remove the least recently used files until the folder is within bounds, and
+        what writes killed midway left (a ``.partial`` file no write has touched for
+        ``STALE_PARTIAL_S``: never read, it would only take room)."""
+        now = time.time()
+        with contextlib.suppress(OSError):
+            for partial in self.folder.glob(f".*{SUFFIX}.*.partial"):
+                with contextlib.suppress(OSError):
+                    if now - partial.stat().st_mtime > STALE_PARTIAL_S:
+                        partial.unlink()
         with self._lock:
             try:
                 files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self._files()]
@@ -150,6 +173,17 @@ class RamStates:
                 raise StateError("there is no saved cache")
             self._states.move_to_end(key)
             return state
+
+    def restore(self, key: str, session: Any) -> SavedState:
+        """As ``StateStore.restore``: a damaged state is dropped."""
+        state = self.get(key)
+        try:
+            session.restore(state)
+        except DamagedStateError:
+            with self._lock:
+                self._states.pop(key, None)
+            raise
+        return state
 
     @property
     def nbytes(self) -> int:

@@ -32,11 +32,12 @@ from typing import Any, Protocol
 import llama_cpp
 import numpy as np
 
-from ..errors import EngineError, StateError
+from ..errors import DamagedStateError, EngineError, StateError
 from ..kv.cells import EMPTY, CellMap
-from ..native.model import Model
+from ..native.model import Model, collected_log
 from ..policies import Policy
 from ..stats import KVStats
+from . import state_checks
 from .config import SessionConfig
 from .follow_up import FollowUps
 from .reader import Reader
@@ -167,17 +168,20 @@ class SavedState:
             data = path.read_bytes()
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 entries = {name: npz[name] for name in npz.files}
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # the states folder may be a file
             raise StateError("there is no saved cache") from None
+        except IsADirectoryError:
+            raise DamagedStateError("the saved cache is a folder, not a file") from None
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise StateError(f"the saved cache is damaged ({type(exc).__name__})") from None
+            raise DamagedStateError(f"the saved cache is damaged ({type(exc).__name__})") from None
         try:
             meta = json.loads(entries.pop("meta").tobytes())
             kv = entries.pop("kv").tobytes()
         except (KeyError, ValueError, UnicodeDecodeError):
-            raise StateError("the saved cache is damaged (no header)") from None
-        if not isinstance(meta, dict) or meta.get("fingerprint", {}).get("kvtrim_state") is None:
-            raise StateError("the file is not a kvtrim saved cache")
+            raise DamagedStateError("the saved cache is damaged (no header)") from None
+        fp = meta.get("fingerprint") if isinstance(meta, dict) else None
+        if not isinstance(fp, dict) or fp.get("kvtrim_state") is None:
+            raise DamagedStateError("the file is not a kvtrim saved cache")
         return cls(meta, entries, kv)
 
 
@@ -278,6 +282,16 @@ def restore(session: Session, state: SavedState) -> None:
     reader = session.reader
     if not hasattr(reader.ctx, "load_seq"):
         raise StateError("a saved cache cannot be restored into the shared KV pool")
+    try:  # every array against its invariants before llama.cpp sees a byte
+        state_checks.check(
+            state.meta,
+            state.arrays,
+            n_vocab=session.model.info.n_vocab,
+            max_position=reader.max_position,
+            cells=session.n_ctx_max,
+        )
+    except DamagedStateError as exc:
+        raise DamagedStateError(f"the saved cache is damaged: {exc}") from None
     session.reset()
     try:
         _restore(session, state)
@@ -286,7 +300,8 @@ def restore(session: Session, state: SavedState) -> None:
         raise
     except (KeyError, ValueError, TypeError, IndexError, EngineError) as exc:
         session.reset()
-        raise StateError(f"the saved cache is damaged ({type(exc).__name__}: {exc})") from None
+        why = f"{type(exc).__name__}: {exc}"
+        raise DamagedStateError(f"the saved cache is damaged ({why})") from None
 
 
 def _restore(session: Session, state: SavedState) -> None:
@@ -298,9 +313,15 @@ def _restore(session: Session, state: SavedState) -> None:
     reader.capture(True)
     reader.reserve(n, shrink=True)
     if n:
-        reader.ctx.load_seq(state.kv)  # type: ignore[attr-defined]
+        with collected_log() as lines:  # llama.cpp's complaint becomes the reason
+            try:
+                reader.ctx.load_seq(state.kv)  # type: ignore[attr-defined]
+            except EngineError:
+                said = f": llama.cpp says {lines[0]!r}" if lines else ""
+                why = f"the saved cache is damaged (its KV cells{said})"
+                raise DamagedStateError(why) from None
         if reader.ctx.pos_max() != int(lpos.max()):
-            raise StateError("the saved cache does not match its own positions")
+            raise DamagedStateError("the saved cache does not match its own positions")
     cache = reader.cache
     cache.ids, cache.lpos, cache.words = ids, lpos, words
     cache.next_id, cache.next_lpos = int(meta["next_id"]), int(meta["next_lpos"])
