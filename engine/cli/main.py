@@ -224,7 +224,7 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def _summary_line(result: dict[str, Any]) -> str:
     cached = result.get("cached_tokens", 0)
-    reused = f" (+{cached} from the saved read of this document)" if cached else ""
+    reused = f" ({cached} of them from the saved read of this document)" if cached else ""
     return (
         f"[{result['policy']} budget={result['budget_tokens']}] "
         f"{result['prompt_tokens']} prompt tokens{reused}, peak {result['kv_cells_peak']} cells, "
@@ -407,7 +407,8 @@ def _result(
         "answer": answer,
         "policy": s.policy,
         "budget_tokens": s.budget_tokens,
-        "prompt_tokens": s.prompt_tokens,
+        # OpenAI's (and the server's) convention: every prompt token, the cached among them
+        "prompt_tokens": s.prompt_tokens + cached,
         "cached_tokens": cached,
         "generated_tokens": s.generated_tokens,
         "kv_cells_peak": s.cells_peak,
