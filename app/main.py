@@ -12,6 +12,12 @@ from engine.native.crashlog import CrashReport
 def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
     """Open the main window; returns when it closes. ``crash``: what the last run
     left, shown in the window."""
+    from .platform_check import window_problem
+
+    problem = window_problem()
+    if problem is not None:  # Qt would abort: say what is missing, before it tries
+        sys.stderr.write(f"kvtrim: error: {problem}\n")
+        return 2
     from PySide6.QtWidgets import QApplication
 
     from .settings import default_paths, load
@@ -19,8 +25,10 @@ def run_app(argv: Sequence[str] = (), crash: CrashReport | None = None) -> int:
     from .window import MainWindow
     from .worker import WorkerThread
 
+    crashlog.phase(crashlog.QT_START)  # an abort now is Qt's, not llama.cpp's
     app = QApplication.instance() or QApplication([sys.argv[0], *argv])
     app.setApplicationName("kvtrim")
+    crashlog.phase(crashlog.RUNNING)
     from engine.runtime.states import StateStore
 
     settings_path, history_path = default_paths()

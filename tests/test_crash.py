@@ -251,4 +251,28 @@ def test_phase_lines_alone_are_no_crash(tmp_path, monkeypatch):
     )
     report = crashlog.take_last_crash()
     assert report is not None and report.phase == "running"
-    assert "--repack off" in report.message()
+    # no llama.cpp frame: no llama.cpp advice (issue 36: advice for the phase only)
+    assert "--repack" not in report.message() and "bug report" in report.message()
+
+
+@pytest.mark.parametrize(
+    ("phases", "frames", "says", "not_says"),
+    [
+        ("phase: starting Qt\n", "", "while Qt opened its window", "--repack"),
+        ("phase: loading model /m.gguf\nphase: running\n",
+         '  File "engine/native/context.py", line 200 in decode_batch\n',
+         "in llama.cpp while decoding", "Qt"),
+    ],
+)  # fmt: skip
+def test_the_crash_note_names_the_phase_and_its_advice_only(
+    tmp_path, monkeypatch, phases, frames, says, not_says
+):
+    crashes = tmp_path / "crashes"
+    crashes.mkdir()
+    (crashes / "crash-999995.log").write_text(
+        f"kvtrim pid 999995 started\n{phases}Fatal Python error: Aborted\n{frames}"
+    )
+    monkeypatch.setenv("KVTRIM_CRASH_DIR", str(crashes))
+    report = crashlog.take_last_crash()
+    assert report is not None and says in report.message()
+    assert not_says not in report.message()

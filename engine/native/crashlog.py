@@ -28,6 +28,8 @@ _KEEP = 5  # reported logs kept
 _NATIVE_MARKS = ("llama_cpp", "native/context.py", "native\\context.py", "llama_decode", "ggml")
 _PHASE = "phase: "  # a line naming what the process was doing, not a crash report
 LOADING = "loading model "
+QT_START = "starting Qt"
+RUNNING = "running"
 _state: dict[str, IO[str] | Path] = {}
 
 
@@ -89,17 +91,29 @@ class CrashReport:
     phase: str = ""  # what it was doing (see ``phase``)
 
     def message(self) -> str:
+        """What crashed, in which phase (Qt's start, a model's load, decoding), and
+        the advice for that phase only."""
         if self.phase.startswith(LOADING):
             model = self.phase.removeprefix(LOADING)
             return (
                 f"the last kvtrim run crashed while llama.cpp loaded {model}: the model file "
                 f"looks corrupt or is not supported by this llama.cpp; log: {self.log}"
             )
-        where = "in llama.cpp (native code)" if self.in_llama else "with a fatal error"
+        if self.phase == QT_START:
+            return (
+                "the last kvtrim run crashed while Qt opened its window (a missing system "
+                "library or no display; kvtrim now names what is missing before it starts "
+                f"Qt); log: {self.log}"
+            )
+        if self.in_llama:
+            return (
+                f"the last kvtrim run crashed in llama.cpp while decoding; log: {self.log}. "
+                "Try --repack off (or KVTRIM_REPACK=off), fewer --gpu-layers or a smaller "
+                "--budget, and include the log in a bug report"
+            )
         return (
-            f"the last kvtrim run crashed {where}; log: {self.log}. "
-            "Try --repack off (or KVTRIM_REPACK=off), fewer --gpu-layers or a smaller "
-            "--budget, and include the log in a bug report"
+            f"the last kvtrim run crashed with a fatal error; log: {self.log}. Include the "
+            "log in a bug report"
         )
 
 

@@ -260,7 +260,7 @@ class Model:
                 f"llama.cpp could not load {model_path} (corrupt or unsupported)"
             ) from exc
         finally:
-            crashlog.phase("running")
+            crashlog.phase(crashlog.RUNNING)
         self.n_gpu_layers = n_gpu_layers
         try:
             self.info = self._read_info(model_path)
