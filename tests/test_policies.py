@@ -244,3 +244,21 @@ def test_needs_decide_capture_and_flash_attention_in_one_place():
     assert (keys | snap).flags() == (True, True, True)
     with pytest.raises(ConfigError, match="flash attention off"):
         snap.cache(flash_attn="on")
+
+
+def test_the_loop_guard_stops_a_sentence_said_again_and_keeps_its_first_round():
+    """Issue 36: "The pass key is 68142. Remember it. 68142 is the pass key. The pass key
+    is 68142. Remember it. ..." ran to max tokens; units of a sentence or two."""
+    from engine.session.sampling import LoopGuard
+
+    sentence = list(range(200, 220))  # 20 tokens, all different
+    guard = LoopGuard()
+    stops = [i for i, tok in enumerate(sentence * 3) if guard(tok)]
+    assert stops[0] == 39 and guard.repeated == 20  # twice: the second round is dropped
+    short = [5, 6, 7, 8, 9, 10]  # 6 tokens: three rounds
+    guard = LoopGuard()
+    stops = [i for i, tok in enumerate(short * 4) if guard(tok)]
+    assert stops[0] == 17 and guard.repeated == 12
+    once_more = [*range(300, 330), *range(300, 310), *range(400, 440)]  # a phrase again, once
+    guard = LoopGuard()
+    assert not any(guard(tok) for tok in once_more)

@@ -202,6 +202,7 @@ class Chat:
                     parts.append(event.text)
                 elif isinstance(event, Done):
                     reason = event.reason
+                    parts = [event.text]  # the whole answer (a loop's repeats dropped)
                 if on_event is not None:
                     on_event(event)
         except Cancelled:

@@ -65,6 +65,9 @@ def generate(
                 break
             if looping(token):
                 reason = "repetition"
+                if looping.repeated:  # a sentence said again: the answer ends at its first
+                    _forget_stop(reader, starts, starts[-looping.repeated][1])
+                    matcher.text = matcher.text[: starts[-looping.repeated][1]]
                 break
     finally:
         stats.decode_s = base + time.perf_counter() - start

@@ -92,19 +92,29 @@ class StopMatcher:
 
 class LoopGuard:
     """Whether an answer has fallen into a loop: its last tokens are one unit of 1-4
-    tokens repeated, 16 tokens of one token or 8 rounds of a longer unit.
+    tokens repeated (16 tokens of one token or 8 rounds of a longer unit), or a unit
+    of a sentence or two (5-64 tokens, at least 5 of them different) said three times
+    over, or twice where it is 12 tokens or more.
 
     Greedy decoding of a small model over a compressed cache can write one digit to
-    max tokens ("4831666666...", issue 27); no answer a user wants ends that way, and
-    16 repeats stay clear of real text (digits of a 16-digit number differ somewhere).
+    max tokens ("4831666666...", issue 27), or one sentence after another ("The pass key
+    is 68142. Remember it. 68142 is the pass key. The pass key is 68142. Remember
+    it...", issue 36); no answer a user wants ends that way, and 16 repeats stay clear
+    of real text (digits of a 16-digit number differ somewhere). ``repeated``: after a
+    loop of a long unit, the tokens at the end that only say its first round again
+    (the caller drops them: the answer ends where the full cache's does).
     """
 
     PERIODS = (1, 2, 3, 4)
     ROUNDS = 8
     MIN_SPAN = 16
+    LONG = range(5, 65)  # a sentence or two, in tokens
+    LONG_ROUNDS = 3
+    TWICE = 12  # a unit this long said twice is already a loop
 
     def __init__(self) -> None:
         self._tokens: list[int] = []
+        self.repeated = 0
 
     def __call__(self, token: int) -> bool:
         """Add ``token``; True when the answer now ends in a loop."""
@@ -113,5 +123,15 @@ class LoopGuard:
         for k in self.PERIODS:
             span = max(self.MIN_SPAN, self.ROUNDS * k)
             if len(t) >= span and all(t[-i] == t[-i - k] for i in range(1, span - k + 1)):
+                return True
+        for k in self.LONG:
+            rounds = 2 if k >= self.TWICE else self.LONG_ROUNDS
+            if len(t) < rounds * k:
+                break
+            unit = t[-k:]
+            if len(set(unit)) <= max(self.PERIODS):
+                continue  # a run of few tokens ("66666"): the short rule's, with its span
+            if all(t[len(t) - (r + 1) * k : len(t) - r * k] == unit for r in range(1, rounds)):
+                self.repeated = (rounds - 1) * k
                 return True
         return False
