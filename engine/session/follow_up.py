@@ -25,6 +25,11 @@ from .recall import Excerpt, Recall
 from .sampling import Sampling
 
 _NONE = np.zeros(0, dtype=np.int64)
+ANSWER_ROOM = 32
+"""Tokens of the answer a turn makes room for before recalling (an answer that runs
+longer evicts as it grows, as any read does): a factual answer is 5-20 tokens, and
+each token kept for it is one fewer recalled (it was ``min(max_tokens, chunk)``: 64-256
+at the CLI's 128 max tokens, where the fidelity run measured recall with 24)."""
 
 
 class FollowUps:
@@ -103,7 +108,7 @@ class FollowUps:
 
     def _excerpts(self, question: str, tail: list[int], max_tokens: int) -> list[Excerpt]:
         """Evicted windows of the document for ``question``, as room allows."""
-        answer = min(max_tokens, self.reader.config.chunk())  # longer answers evict
+        answer = min(max_tokens, ANSWER_ROOM)  # a longer answer evicts as it grows
         room = self._room(len(tail), answer)
         return self._pick(question, tail, room, answer) if room > 0 else []
 
