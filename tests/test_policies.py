@@ -262,3 +262,29 @@ def test_the_loop_guard_stops_a_sentence_said_again_and_keeps_its_first_round():
     once_more = [*range(300, 330), *range(300, 310), *range(400, 440)]  # a phrase again, once
     guard = LoopGuard()
     assert not any(guard(tok) for tok in once_more)
+
+
+def test_with_an_answer_prefix_the_answer_ends_after_its_first_sentence():
+    """Issue 36: a question with an answer prefix stops after its first complete
+    sentence; a list marker, a decimal or an unfinished sentence do not end it."""
+    from engine.session.sampling import SENTENCE_END, StopMatcher, with_sentence_stop
+
+    def run(pieces, stops=(SENTENCE_END,)):
+        m = StopMatcher(stops)
+        out = ""
+        for piece in pieces:
+            text, hit = m.feed(piece)
+            out += text
+            if hit:
+                return out, True
+        return out + m.flush(), False
+
+    assert run([" 6", "8", "1", "4", "2", ".", " Remember", " it."]) == (" 68142.", True)
+    assert run([" Hiroko", " Iwasaki", ",", " the", " lead", ".\n", "The"]) == (
+        " Hiroko Iwasaki, the lead.", True)  # fmt: skip
+    assert run([" 3", ".", "14", " is", " pi"]) == (" 3.14 is pi", False)
+    assert run([" 1", ".", " Open", " it", ".", " 2", "."]) == (" 1. Open it.", True)
+    assert run([' "KQ7-4MX."', " Then"]) == (' "KQ7-4MX."', True)
+    assert run([" 58316.", " Next"], stops=("\n\n",)) == (" 58316. Next", False)  # no prefix
+    assert with_sentence_stop(("\n\n",), "The key is") == ("\n\n", SENTENCE_END)
+    assert with_sentence_stop(("\n\n",), "  ") == ("\n\n",)

@@ -34,6 +34,7 @@ from ..runtime.summary import SummaryDone
 from ..session.config import AUTO_SPAN
 from ..session.core import MIN_CHUNK, POSITION_MODES, Session
 from ..session.prompts import ask_prompt, prompt_tokens
+from ..session.sampling import with_sentence_stop
 from ..stats import Done, Event, Evicted, Progress, Restored, Token
 from . import bench as bench_cli
 from . import chat as chat_cli
@@ -225,6 +226,8 @@ def check_settings(args: argparse.Namespace) -> None:
 def _summary_line(result: dict[str, Any]) -> str:
     cached = result.get("cached_tokens", 0)
     reused = f" ({cached} of them from the saved read of this document)" if cached else ""
+    if result.get("reads", 1) > 1:  # a summary part by part: the KV figures are the document's
+        reused += f" in {result['reads']} reads of its {result['tokens_seen']:,} tokens"
     return (
         f"[{result['policy']} budget={result['budget_tokens']}] "
         f"{result['prompt_tokens']} prompt tokens{reused}, peak {result['kv_cells_peak']} cells, "
@@ -393,6 +396,7 @@ def _ask_events(
     prompt = ask_prompt(session.model, text, args.question, settings.answer_prefix)
     head, tail, sources = prompt_tokens(session.model, prompt)
     stops = settings.stops if settings.stops is not None else prompt.stops
+    stops = with_sentence_stop(stops, settings.answer_prefix)  # as Session.ask's
     return PrefixCache(store).run(session, settings, head, tail, args.question, sources, stops)
 
 
@@ -410,6 +414,8 @@ def _result(
         # OpenAI's (and the server's) convention: every prompt token, the cached among them
         "prompt_tokens": s.prompt_tokens + cached,
         "cached_tokens": cached,
+        "tokens_seen": s.tokens_seen,  # the document's (a summary's largest read)
+        "reads": s.reads,
         "generated_tokens": s.generated_tokens,
         "kv_cells_peak": s.cells_peak,
         "kv_cells_allocated": s.n_ctx,

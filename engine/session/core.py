@@ -35,7 +35,7 @@ from .follow_up import FollowUps
 from .generate import generate
 from .prompts import Prompt, ask_prompt, prompt_tokens, summary_prompt
 from .reader import Reader
-from .sampling import Sampling
+from .sampling import Sampling, with_sentence_stop
 from .sizing import MIN_CHUNK, OwnContext, PoolShare
 from .state import SavedState
 from .trace import MemoryMap, TokenTrace
@@ -155,8 +155,12 @@ class Session:
         system: str = "",
         **gen: object,
     ) -> Iterator[Event]:
-        """Read ``document`` and answer ``question`` (see ``run`` for options)."""
+        """Read ``document`` and answer ``question`` (see ``run`` for options); with
+        ``answer_prefix`` the answer ends after its first sentence (``SENTENCE_END``)."""
         prompt = ask_prompt(self.model, document, question, answer_prefix, system)
+        given = gen.pop("stops", None)
+        stops = prompt.stops if given is None else tuple(given)  # type: ignore[arg-type]
+        gen["stops"] = with_sentence_stop(stops, answer_prefix)
         return self.run(prompt, question=question, **gen)  # type: ignore[arg-type]
 
     def summarize(self, document: str, *, system: str = "", **gen: object) -> Iterator[Event]:

@@ -22,7 +22,7 @@ from .prompts import EXCERPT_GAP, follow_up_prompt
 from .reader import Reader
 from .recall import WINDOW_TOKENS as RECALL_WINDOW
 from .recall import Excerpt, Recall
-from .sampling import Sampling
+from .sampling import Sampling, with_sentence_stop
 
 _NONE = np.zeros(0, dtype=np.int64)
 ANSWER_ROOM = 32
@@ -71,7 +71,7 @@ class FollowUps:
         self.reader.trace.add("turn", prompt.prefix, head)
         body = yield from self._recall(excerpts)
         self.reader.trace.add("turn", prompt.suffix, tail)
-        gen = (max_tokens, sampling, (*prompt.stops, *stops))
+        gen = (max_tokens, sampling, with_sentence_stop((*prompt.stops, *stops), answer_prefix))
         yield from self._answer(head + body + tail, tail, *gen)
 
     def reask(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,17 +57,51 @@ class Sampler:
         return int(self._rng.choice(len(p), p=p))
 
 
+SENTENCE_END = "\x00sentence-end"
+"""A stop "string" that is a rule: the answer ends after its first complete sentence
+(a ``.``, ``!`` or ``?``, closing quotes or brackets, then white space; a list
+marker such as "1." or "a." does not end one). Added to a question's stops where an
+answer prefix is given (``with_sentence_stop``): the answer's first sentence holds the
+fact (issue 36: of 608 right answers in the fidelity run, none was past its first
+sentence)."""
+_SENTENCE = re.compile(r"(?<=[^\s])[.!?][\"')\]]*(?=\s)")
+_MARKER = re.compile(r"(?:^|\s)(?:\d{1,2}|[A-Za-z])$")  # "1." "a." "iv" no: a word
+
+
+def with_sentence_stop(stops: Sequence[str], answer_prefix: str) -> tuple[str, ...]:
+    """``stops`` and, where ``answer_prefix`` starts the answer, ``SENTENCE_END``."""
+    extra = (SENTENCE_END,) if answer_prefix.strip() else ()
+    return (*stops, *extra)
+
+
+def _sentence_end(text: str, start: int) -> int:
+    """Where the first sentence of ``text`` ends, searching from ``start`` (-1: none)."""
+    for match in _SENTENCE.finditer(text, max(start, 0)):
+        if not _MARKER.search(text[: match.start()]):
+            return match.end()
+    return -1
+
+
 class StopMatcher:
-    """Holds back text that could be the start of a stop string."""
+    """Holds back text that could be the start of a stop string; ``SENTENCE_END``
+    among the stops ends the text after its first complete sentence."""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = tuple(s for s in stops if s)
+        self.sentence = SENTENCE_END in stops
+        self.stops = tuple(s for s in stops if s and s != SENTENCE_END)
         self.text = ""
         self._sent = 0
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """Add ``piece``; return (text safe to emit now, whether a stop was hit)."""
         self.text += piece
+        if self.sentence:
+            end = _sentence_end(self.text, self._sent - 4)
+            if end >= 0:
+                self.text = self.text[:end]
+                out = self.text[self._sent :]
+                self._sent = len(self.text)
+                return out, True
         for stop in self.stops:
             at = self.text.find(stop, max(0, self._sent - len(stop)))
             if at >= 0:
