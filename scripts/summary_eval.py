@@ -191,11 +191,23 @@ def mentioned(summary: str, headings: list[str]) -> list[str]:
     return [h for h, keys in zip(headings, keywords(headings), strict=True) if keys & said]
 
 
-def measure(text: str, done: Done, headings: list[str]) -> dict[str, Any]:
+_FACT = re.compile(r"\d{2,}(?:[.,:/-]\d+)*|(?<=[a-z,;] )[A-Z][a-z]+(?: [A-Z][a-z]+)*")
+
+
+def facts(summary: str, document: str) -> list[str]:
+    """The numbers and names of ``summary`` that ``document`` states (issue 36: facts
+    over generic sentences), once each."""
+    return sorted({f for f in _FACT.findall(summary) if f in document})
+
+
+def measure(text: str, done: Done, headings: list[str], document: str = "") -> dict[str, Any]:
     """One summary's figures."""
     hits = mentioned(text, headings)
     parts = done.parts if isinstance(done, SummaryDone) else ()
     return {
+        "facts": len(facts(text, document)),
+        "facts_found": facts(text, document),
+        "scaffold": sum(text.count(cue) for cue in CUES),  # kvtrim's cue shown as if written
         "words": len(text.split()),
         "sentences": len({" ".join(x.lower().split()) for x in _SENTENCE.findall(text)}),
         "headings_mentioned": len(hits),
@@ -245,7 +257,7 @@ def run(docs: list[Doc], spec: RequestSpec, kinds: list[str]) -> list[dict[str, 
                 text_out = spec.answer(done.text)
                 row = {"document": doc.name, "source": doc.source, "tokens": n_tokens,
                        "headings": len(headings), "kind": kind}  # fmt: skip
-                rows.append(row | measure(text_out, done, headings))
+                rows.append(row | measure(text_out, done, headings, text))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 

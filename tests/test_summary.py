@@ -262,10 +262,10 @@ def test_each_part_is_read_alone_and_summarized_in_order():
     assert all(p.suffix.endswith(f"Summary: {PART_CUE}") for p in s.prompts)
     assert all(g["max_tokens"] == 16 and g["stops"] == ["\n\n"] for g in s.gen)
     tokens = [e.text for e in events if isinstance(e, Token)]
-    assert tokens == [
-        f"{PART_CUE} bees and their hive. They make honey.",
-        f"\n\n{PART_CUE} chess. The game ends in checkmate.",
-        f"\n\n{PART_CUE} bread and the oven.",
+    assert tokens == [  # issue 36: the cue is kvtrim's wording: the part's heading instead
+        "Bees: bees and their hive. They make honey.",
+        "\n\nChess: chess. The game ends in checkmate.",
+        "\n\nBread: bread and the oven.",
     ]
     done = events[-1]
     assert isinstance(done, SummaryDone) and done.text == "".join(tokens)
@@ -302,9 +302,7 @@ def test_settled_the_whole_document_is_read_last_with_the_summaries_as_question(
     assert last.suffix.endswith("\n\nOverall, the document describes")
     assert s.gen[-1]["max_tokens"] == 16  # min(max_tokens, OVERVIEW_TOKENS)
     done = events[-1]
-    assert done.text.endswith(
-        "\n\nOverall, the document describes bees, volcanoes, chess and bread."
-    )
+    assert done.text.endswith("\n\nOverall: bees, volcanoes, chess and bread.")
     assert done.overview.reason == "stop" and len(done.parts) == 4
     progress = [e for e in events if isinstance(e, Progress)]
     words = sum(len(p.document.split()) for p in s.prompts)
@@ -316,7 +314,7 @@ def test_a_short_document_is_one_part_and_needs_no_settling():
     s = FakeSession([("a short note about bees.", "eog")], capacity=5000)
     events = _events(s, "Bees make honey. " * 20, settle=True)
     assert len(s.prompts) == 1
-    assert events[-1].text == f"{PART_CUE} a short note about bees."
+    assert events[-1].text == "A short note about bees."  # no heading: capitalized
     assert events[-1].reason == "eog"
 
 
@@ -325,10 +323,11 @@ def test_a_summary_cut_short_everywhere_is_never_empty():
     summary is the first part's words as written, ended with an ellipsis."""
     s = FakeSession([("bees and the hive where", "length")], capacity=5000)
     events = _events(s, "Bees make honey. " * 20)
-    assert events[-1].text == f"{PART_CUE} bees and the hive where…"
+    assert events[-1].text == "Bees and the hive where…"
     shown = [e.text for e in events if isinstance(e, Token)]
     assert shown == [events[-1].text] and events[-1].reason == "length"
-    assert events[-1].parts[0].text == events[-1].text
+    assert events[-1].parts[0].shown == events[-1].text
+    assert events[-1].parts[0].text == f"{PART_CUE} bees and the hive where…"
 
 
 def test_the_answer_prefix_starts_the_first_part_and_stops_replace_the_prompts():
@@ -384,3 +383,37 @@ def test_the_summary_line_and_json_say_why_it_ended():
         "generated_tokens": 3,
         "text": f"{PART_CUE} chess. The game ends in checkmate.",
     }
+
+
+def test_a_summarys_figures_are_the_documents_not_its_parts_summed():
+    """Issue 36: tokens seen are the largest read's (the document's), not the reads'
+    sum; counts of work (tokens read, evictions, reads) are summed."""
+    from engine.runtime.summary import merged
+    from engine.stats import KVStats
+
+    base = {"policy": "snapkv", "budget_tokens": 256, "n_ctx": 512, "kv_bytes_per_cell": 9216}
+    part = KVStats(**base, tokens_seen=3000, prompt_tokens=3000, evictions=5, cells_peak=320)
+    whole = KVStats(**base, tokens_seen=9000, prompt_tokens=9000, evictions=30, cells_peak=300)
+    total = merged(merged(merged(None, part), part), whole)
+    assert total.tokens_seen == 9000 and total.prompt_tokens == 15000
+    assert total.evictions == 40 and total.reads == 3 and total.cells_peak == 320
+
+
+def test_a_summary_shows_no_scaffold_and_quotes_the_parts_facts():
+    """Issue 36, item 7: the cue the model continued is not shown, and the part's
+    most fact-dense sentence is quoted where the model's words leave its facts out
+    (the demo document's summary left out its one fact, the pass key)."""
+    from engine.runtime.summary_text import fact_sentence, present
+
+    part = ("The grass is green. The sky is blue. " * 30 + "The pass key is 68142. Remember it. "
+            "68142 is the pass key. " + "Here we go. There and back again. " * 30)  # fmt: skip
+    said = f"{PART_CUE} the grass is green."
+    fact = fact_sentence(part, said)
+    assert fact == "The pass key is 68142."
+    assert fact_sentence(part, f"{PART_CUE} the pass key 68142.") is None  # said already
+    shown = present(said, PART_CUE, "Intro", fact)
+    assert shown == "Intro: the grass is green. “The pass key is 68142.”"
+    assert PART_CUE not in shown
+    code = "x = foo(1, 2); y = bar[3] + 44.\nThe release of Python 3.11 came in October.\n"
+    assert fact_sentence(code) == "The release of Python 3.11 came in October."
+    assert present("In short, bees.", "In short,", "Bees") == "In short, bees."  # the user's

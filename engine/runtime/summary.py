@@ -14,8 +14,11 @@ after "This section describes" (``prompts.part_summary_prompt``); that is tidied
 
 Events: ``Progress`` over the whole summary's reading, each part's paragraph as one
 ``Token`` when it is done, and a ``SummaryDone`` with every part's finish reason.
-Figures are the whole summary's: tokens read, generated and evicted are summed
-over the reads, cells and KV memory are the largest any read held. Sizes in tokens.
+Figures are the whole summary's: tokens read, generated and evicted and the reads
+(``reads``) are summed over the reads; cells, KV memory and the tokens seen are the
+largest any read held, the tokens seen at least the document's, so llama.cpp's
+default cache is compared for the document, not for its parts read one by one.
+Sizes in tokens.
 
 After such a summary the cache holds the last part only. Where a conversation
 goes on (the app, ``kvtrim chat``: ``settle``), the whole document is read once
@@ -45,6 +48,7 @@ from ..session.prompts import (
 )
 from ..session.sampling import Sampling
 from ..stats import Done, Event, Evicted, KVStats, Progress, Token
+from .summary_text import fact_sentence, present
 
 MAX_PARTS = 8  # parts a summary has at most: some 8-24 sentences
 PART_SENTENCES = 2  # sentences kept of each part's summary: past two, mostly filler
@@ -63,6 +67,7 @@ class PartSummary:
     reason: str
     generated_tokens: int
     generated: str = ""  # what the model wrote, before ``tidy``
+    shown: str = ""  # ``text`` as the reader gets it (summary_text.present)
 
 
 @dataclass(frozen=True)
@@ -148,9 +153,11 @@ def looping(sentence: str, n: int = 3, share: float = 0.75) -> bool:
 
 _SUMMED = (
     "prompt_tokens", "generated_tokens", "evicted_tokens", "evictions", "compactions",
-    "tokens_seen", "prefill_s", "decode_s", "capture_s", "score_s",
+    "prefill_s", "decode_s", "capture_s", "score_s", "reads",
 )  # fmt: skip
-_LARGEST = ("cells_peak", "n_ctx", "swa_cells")
+# the document's tokens are what the largest read saw, not the reads' sum: a part read
+# again is not more document (issue 36: "1,224 of 19,274 tokens" for a 9,232-token text)
+_LARGEST = ("cells_peak", "n_ctx", "swa_cells", "tokens_seen")
 
 
 def merged(done: KVStats | None, live: KVStats) -> KVStats:
@@ -193,11 +200,12 @@ class Summarizer:
         self.answer_prefix = answer_prefix.strip()
         self.max_parts = max_parts
         self.parts: list[Part] = []
+        self.doc_tokens = 0  # the last document's tokens
 
     def plan(self, document: str) -> tuple[list[Part], list[int]]:
         """The document's parts and each one's estimated tokens (by its share of the
         characters, with the prompt's frame), as many parts as ``part_count`` says."""
-        n_tokens = len(self.session.model.tokenize(document))
+        n_tokens = self.doc_tokens = len(self.session.model.tokenize(document))
         per_part = part_budget(self.session.capacity, self.max_tokens)
         parts = split_parts(document, part_count(n_tokens, per_part, self.max_parts))
         share = n_tokens / max(len(document), 1)
@@ -219,7 +227,7 @@ class Summarizer:
             cue = self._cue(i)
             prompt = part_summary_prompt(model, part.text(document), cue, self.system)
             done = yield from self._read(prompt, tally, estimates[i:], self.max_tokens)
-            yield from self._keep(tally, part.number, part.title, cue, done)
+            yield from self._keep(tally, part.number, part.title, cue, done, part.text(document))
         if settling:
             kept = [r.text for r in tally.results if r.text]
             prompt = overview_prompt(model, document, kept, system=self.system)
@@ -227,8 +235,9 @@ class Summarizer:
             done = yield from self._read(prompt, tally, estimates[-1:], limit)
             yield from self._keep(tally, 0, "", OVERVIEW_CUE, done, limit=1)
         assert tally.totals is not None
+        tally.totals.tokens_seen = max(tally.totals.tokens_seen, self.doc_tokens)
         yield from self._cut_short(tally)
-        text = self._shown("\n\n".join(r.text for r in tally.results if r.text), first=True)
+        text = self._shown("\n\n".join(r.shown for r in tally.results if r.shown), first=True)
         reason = summary_reason([r.reason for r in tally.results])
         parts = tuple(r for r in tally.results if r.number)
         overview = next((r for r in tally.results if not r.number), None)
@@ -261,34 +270,48 @@ class Summarizer:
         return done
 
     def _keep(
-        self, tally: _Tally, number: int, title: str, cue: str, done: Done, limit: int = 0
+        self,
+        tally: _Tally,
+        number: int,
+        title: str,
+        cue: str,
+        done: Done,
+        source: str = "",
+        limit: int = 0,
     ) -> Iterator[Event]:
-        """Tidy what ``done`` wrote after ``cue``, keep it, and show it as a ``Token``."""
+        """Tidy what ``done`` wrote after ``cue``, keep it, and show it as a ``Token``
+        without kvtrim's cue, with the most fact-dense sentence of ``source`` (the
+        part's text) that the model's words leave out."""
         finished = done.reason in ("stop", "eog")
         raw = f"{cue} {done.text.strip()}"
         text = tidy(raw, tally.seen, finished=finished, limit=limit or PART_SENTENCES)
+        fact = fact_sentence(source, text) if source else None
+        shown = present(text, cue, title, fact) if text or fact else ""
         generated = done.stats.generated_tokens
-        tally.results.append(PartSummary(number, title, text, done.reason, generated, done.text))
-        if not text:
+        part = PartSummary(number, title, text, done.reason, generated, done.text, shown)
+        tally.results.append(part)
+        if not shown:
             return
         if tally.totals is not None and tally.totals.first_token_s is None:
             tally.totals.first_token_s = time.perf_counter() - tally.start
-        first = not any(r.text for r in tally.results[:-1])
-        yield Token(-1, self._shown(text, first=first), tally.totals or done.stats)
+        first = not any(r.shown for r in tally.results[:-1])
+        yield Token(-1, self._shown(shown, first=first), tally.totals or done.stats)
 
     def _cut_short(self, tally: _Tally) -> Iterator[Event]:
         """Where ``tidy`` kept nothing of any part (every sentence cut short by a low
         ``--max-tokens``), the first part's words as written, ended with "…": a short
         summary, never an empty one."""
-        if any(r.text for r in tally.results):
+        if any(r.shown for r in tally.results):
             return
         first = next((r for r in tally.results if r.generated.strip()), None)
         if first is None:
             return
         cue = self._cue(0) if first is tally.results[0] else PART_CUE
         at = tally.results.index(first)
-        tally.results[at] = dataclasses.replace(first, text=f"{cue} {first.generated.strip()}…")
-        yield Token(-1, self._shown(tally.results[at].text, first=True), tally.totals)
+        text = f"{cue} {first.generated.strip()}…"
+        shown = present(text, cue, first.title)
+        tally.results[at] = dataclasses.replace(first, text=text, shown=shown)
+        yield Token(-1, self._shown(shown, first=True), tally.totals)
 
     def _cue(self, index: int) -> str:
         return self.answer_prefix if index == 0 and self.answer_prefix else PART_CUE
