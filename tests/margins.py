@@ -4,7 +4,7 @@
 ``$KVTRIM_MARGINS`` names a file, appends the figure to it as a JSON line with the
 test's id and ``$KVTRIM_VARIANT``. ``scripts/numeric_margins.py`` runs the numeric
 tests under each numeric variant (threads, weight repacking, batch size, another
-llama.cpp build) and reports each check's smallest margin (BENCHMARKS.md).
+llama.cpp build) and reports each check's smallest margin (docs/benchmarks/margins.md).
 """
 
 from __future__ import annotations

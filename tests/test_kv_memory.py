@@ -260,7 +260,8 @@ def test_quantized_k_with_the_same_evictions_is_as_close_as_without(engine, unev
     keep sets drift apart from slightly different attention more than the K type:
     0.79 top-1 agreement on 33 tokens on an AVX-512 EPYC (issue 26), 0.86 on these 253.
     With the same keep set, over threads 1/2, repacking on/off and batch 256/512 on
-    that EPYC and an AVX2 build of llama.cpp (scripts/numeric_margins.py, BENCHMARKS.md):
+    that EPYC and an AVX2 build of llama.cpp (scripts/numeric_margins.py,
+    docs/benchmarks/margins.md):
     agreement 0.937-0.957, KL 0.0060-0.0080 nats, 0.63-1.25x the KL of q8_0 without
     any eviction. Each limit sits beyond the worst figure by more than the figures'
     whole spread (agreement 0.90, KL 0.025, ratio 2)."""

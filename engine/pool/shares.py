@@ -6,10 +6,10 @@ with a *share* of it and its policy evicts to stay inside the share. Shares are
 given by length (``share="length"``): a request that fits whole takes only the cells
 it needs, a long one takes up to a full session's budget or what is free (at least
 ``MIN_SHARE``); ``share="even"`` gives every sequence ``cells / max_seqs`` (the
-baseline it is measured against, BENCHMARKS.md). Split streams (``kv_unified=false``)
-were rejected as the default: each stream is a fixed ``cells/N`` that a 150-token
-request would hold whole, and a stream cannot grow (``layout="streams"`` keeps them
-as an option).
+baseline it is measured against, docs/benchmarks/history.md, issue 14). Split streams
+(``kv_unified=false``) were rejected as the default: each stream is a fixed
+``cells/N`` that a 150-token request would hold whole, and a stream cannot grow
+(``layout="streams"`` keeps them as an option).
 """
 
 from __future__ import annotations

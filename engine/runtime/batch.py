@@ -306,7 +306,7 @@ def default_parallel(engine: Engine, settings: RequestSpec, n_files: int) -> int
     On a CPU: one. Reading is bound by arithmetic there, so batching documents
     gains nothing, and the shared budget gives each a smaller share, so more
     evictions (measured: 8 documents of 2K-8K tokens with ``--parallel 4`` ran at
-    0.73x the speed of one by one, BENCHMARKS.md). With layers on a GPU, where a decode
+    0.73x the speed of one by one, docs/benchmarks/history.md). With layers on a GPU, where a decode
     is bound by reading the weights: up to 4, never more than the files, and only
     as many as a quarter of the free RAM holds (each adds a sliding window of KV)."""
     import psutil

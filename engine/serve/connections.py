@@ -13,7 +13,7 @@ with the right API key too, a 503 for as long as they lasted (issue 23, FAIL 8).
 
 The body is bounded in ``guards.BodyLimit`` (size and time). What a local server
 promises beyond this (TLS, per-client rate limits, slow-read clients) belongs to a
-reverse proxy in front of it (README, "Serving"). Times in seconds.
+reverse proxy in front of it (docs/server.md, "Limits and security"). Times in seconds.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ stay ordered but small; ``auto`` (the default) is compact while the sequence's
 text is at most ``AUTO_SPAN`` budgets long and bounded beyond. Each compacts
 fully before a position would pass the trained context."""
 AUTO_SPAN = 16
-"""``auto``'s switch, in budgets of text read (BENCHMARKS.md, "Positions by default"):
+"""``auto``'s switch, in budgets of text read (docs/benchmarks/history.md, "Positions by default"):
 compact found more at 2K-9K tokens (needle bars: 15 of 24 real-text keys against 11;
 H2O's README demo), bounded at 30K-64K (RULER: 12 of 15 against 10, and the 30K
 release-notes answer), even at 16K-32K."""

@@ -6,7 +6,7 @@
 #
 # ARCHS  CMAKE_CUDA_ARCHITECTURES, default "86;89;90;120": RTX 30, RTX 40, H100/H200,
 #        RTX 50. Each one adds its own machine code to libggml-cuda.so (build time and
-#        bytes per architecture: README, "On an NVIDIA GPU").
+#        bytes per architecture: docs/cli.md, "GPU").
 # OUT    where the results go (default dist/gpu):
 #          llama_cpp_python-<version>-*.whl   the wheel, for `pip install`
 #          llama_cpp-cuda.tar.xz              its llama_cpp package folder with links in
