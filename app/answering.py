@@ -94,6 +94,8 @@ def meta_line(stats: KVStats, reason: str) -> str:
         meta += f" · KV {stats.kv_type}"
     if stats.recalled_tokens:
         meta += f" · brought back {stats.recalled_tokens:,} evicted tokens"
+    if stats.reads > 1:  # a summary part by part: its figures are the document's
+        meta += f" · read in {stats.reads} passes"
     return f"{meta} · {stop_reason(reason)}"
 
 

@@ -12,6 +12,7 @@ chat's first sample (or the app's start) to now."""
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -131,8 +132,11 @@ class MemoryGraphs(QWidget):
         return self._clock() - self._t0
 
     def start(self) -> None:
-        """A new job: its first sample comes from the engine, not the last job's."""
+        """A new job: its first sample comes from the engine, not the last job's, and
+        the curves break here (no line is drawn across two requests)."""
         self.last = None
+        if self.samples and not math.isnan(self.samples[-1][1]):
+            self.samples.append((self.now(), *[math.nan] * 5))
 
     def clear(self) -> None:
         """Another chat is shown: the KV and token graphs start empty."""
@@ -150,11 +154,9 @@ class MemoryGraphs(QWidget):
         full = stats.kv_bytes_full / _MB
         self.samples.append((self.now(), held, default, full, stats.cells_used, stats.tokens_seen))
         xs = [s[0] for s in self.samples]
-        self.kv_held.setData(xs, [s[1] for s in self.samples])
-        self.kv_default.setData(xs, [s[2] for s in self.samples])
-        self.kv_full.setData(xs, [s[3] for s in self.samples])
-        self.tok_cache.setData(xs, [s[4] for s in self.samples])
-        self.tok_seen.setData(xs, [s[5] for s in self.samples])
+        curves = (self.kv_held, self.kv_default, self.kv_full, self.tok_cache, self.tok_seen)
+        for i, curve in enumerate(curves, start=1):
+            curve.setData(xs, [s[i] for s in self.samples], connect="finite")
         self.saving.setText(saving_text(stats))
         self._follow_time()
 

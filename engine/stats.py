@@ -47,6 +47,7 @@ class KVStats:
     recalled_tokens: int = 0  # document tokens re-decoded for the latest follow-up
     cached_tokens: int = 0  # prompt tokens not read again: a saved or kept read reused
     recall_host_bytes: int = 0  # host RAM of the recall index (document ids, BM25)
+    reads: int = 1  # fresh reads behind these figures (a summary reads part by part)
 
     @property
     def layout(self) -> KVLayout:

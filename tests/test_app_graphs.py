@@ -56,3 +56,22 @@ def test_all_graphs_share_one_time_axis(qtbot):
     clock.now = 140.0
     g.add(_stats())
     assert g.samples[0][0] == 40.0
+
+
+def test_no_line_is_drawn_across_two_requests(qtbot):
+    """Issue 36: the next request's samples start a new line (a gap in the curve), so a
+    summary's figures and the next question's are not joined."""
+    import math
+
+    clock = Clock()
+    g = MemoryGraphs(clock=clock)
+    qtbot.addWidget(g)
+    for t in (101.0, 102.0):
+        clock.now = t
+        g.add(_stats())
+    clock.now = 110.0
+    g.start()  # the next question
+    g.start()  # twice: one gap, not two
+    g.add(_stats())
+    xs, ys = g.kv_held.getData()
+    assert len(xs) == 4 and math.isnan(ys[2]) and not math.isnan(ys[3])
