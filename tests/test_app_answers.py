@@ -163,7 +163,7 @@ def test_summarize_and_regenerate_show_their_stage_at_once(qtbot, tmp_path):
     w.stop()  # stopped before its first token: the old answer stays
     qtbot.waitUntil(lambda: not w.busy and w.answering.pending is None, timeout=5000)
     # the summary's one part was cut by max tokens: its words as written, with "…"
-    summary = "This section describes fine…"
+    summary = "Fine…"  # kvtrim's cue ("This section describes") is not shown
     assert w.store.messages(w.conversation.id)[-1].content == summary
     assert _last_lines(w, 3)[:2] == ["kvtrim", summary]
     w.close()

@@ -56,7 +56,7 @@ def test_attach_and_summarize_streams_into_the_chat(qtbot, window, tmp_path):
     window.summarize()
     _wait_idle(qtbot, window)
     text = window.chat.toPlainText()
-    assert "Summarize notes.txt" in text and "forty-two" in text
+    assert "Summarize notes.txt" in text and "Forty-two" in text  # the cue taken off
     assert len(window.graphs.samples) >= 4
     assert "fake" in text  # the footer names the policy that answered
 

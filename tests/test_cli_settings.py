@@ -17,6 +17,7 @@ from docs_for_tests import prose
 from engine.cli import main as cli
 from engine.cli import options as cli_options
 from engine.runtime.spec import RequestSpec
+from engine.runtime.summary_text import fact_sentence
 from engine.session.prompts import Prompt
 from engine.session.sampling import Sampling
 from engine.stats import Done, KVStats
@@ -168,12 +169,15 @@ def test_summarize_out_passes_every_option_to_every_file(log, docs, tmp_path):
     kind, suffix, gen = run
     assert kind == "run" and suffix.endswith("Summary: In short,") and gen == GENERATION
     summary = (out_dir / "a.txt.md").read_text()
-    assert summary.startswith("# a.txt\n\nIn short, a summary.\n") and "h2o, budget 512" in summary
+    fact = fact_sentence(docs[0].read_text(), "In short, a summary.")  # quoted after it
+    assert summary.startswith(f"# a.txt\n\nIn short, a summary. “{fact}”\n")
+    assert "h2o, budget 512" in summary
 
 
 def test_without_options_both_paths_use_the_defaults(log, docs, tmp_path):
     code, out, _ = _main("summarize", str(docs[0]), "--json")
-    assert code == 0 and json.loads(out)["answer"] == "This section describes a summary."
+    fact = fact_sentence(docs[0].read_text(), "a summary.")
+    assert code == 0 and json.loads(out)["answer"] == f"A summary. “{fact}”"  # no cue shown
     batch = ("summarize", *map(str, docs), "--out", str(tmp_path / "o"), "--parallel", "1")
     assert _main(*batch)[0] == 0
     defaults = RequestSpec(kv_type="f16", swa_cache="window")  # the CLI's defaults

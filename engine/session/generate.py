@@ -48,6 +48,9 @@ def generate(
             if stop_tags and _is_stop_tag(reader, token, stop_tags):
                 reason = "stop"
                 break
+            if matcher.ends_sentence(model.piece(token).decode("utf-8", "replace")):
+                reason = "stop"  # the first sentence is complete (an answer prefix was given)
+                break
             if cache.n_used >= reader.sizing.capacity:
                 yield from reader.evict([])
             reader.trace.add_answer_token(token)

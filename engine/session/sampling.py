@@ -92,13 +92,24 @@ class StopMatcher:
         self.text = ""
         self._sent = 0
 
+    def ends_sentence(self, piece: str) -> bool:
+        """Whether ``piece`` (the next token's text, not yet fed) would only begin
+        after the text's first complete sentence: the answer ends before it, and the
+        token is never decoded."""
+        if not self.sentence or not piece[:1].isspace():
+            return False
+        return _sentence_end(self.text + piece[:1], self._sent - 4) == len(self.text)
+
     def feed(self, piece: str) -> tuple[str, bool]:
         """Add ``piece``; return (text safe to emit now, whether a stop was hit)."""
+        before = len(self.text)
         self.text += piece
         if self.sentence:
             end = _sentence_end(self.text, self._sent - 4)
             if end >= 0:
-                self.text = self.text[:end]
+                # cut between tokens, as the cache holds them: before this piece where
+                # it starts with the space, after it where it holds the full stop too
+                self.text = self.text[: end if end <= before else len(self.text)]
                 out = self.text[self._sent :]
                 self._sent = len(self.text)
                 return out, True
