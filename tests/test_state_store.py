@@ -82,3 +82,24 @@ def test_a_key_written_again_leaves_one_whole_file(tmp_path):
         store.put("doc", _state(n))
     assert len(store.get("doc").arrays["ids"]) == 30
     assert [p.name for p in tmp_path.iterdir()] == [store.path("doc").name]
+
+
+def test_a_full_disk_mid_write_keeps_the_last_good_file_and_leaves_no_partial(
+    tmp_path, monkeypatch
+):
+    import errno
+
+    store = StateStore(tmp_path)
+    store.put("doc", _state(10))
+    real = np.savez
+
+    def full(f, **arrays):
+        f.write(b"PK\x03\x04 half an archive")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(StateError, match="No space left"):
+        store.put("doc", _state(20))
+    monkeypatch.setattr(np, "savez", real)
+    assert len(store.get("doc").arrays["ids"]) == 10  # the good file, untouched
+    assert not list(tmp_path.glob(".*.partial"))
