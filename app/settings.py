@@ -79,6 +79,10 @@ def _valid_params(policy: str, params: dict[str, Any]) -> dict[str, float]:
                 out[tunable.name] = tunable.check(params[tunable.name])
             except ConfigError:
                 continue
+    try:
+        POLICIES[policy](**out)  # together (SnapKV's kernel must be odd): else the defaults
+    except ConfigError:
+        return {}
     return out
 
 

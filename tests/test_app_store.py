@@ -112,3 +112,14 @@ def test_kv_type_setting_validated_and_old_files_load(tmp_path):
     path.write_text(json.dumps({"schema": 1, "policy": "tova", "budget_tokens": 512}))
     s = load(path)
     assert (s.kv_type, s.policy, s.budget_tokens) == ("f16", "tova", 512)
+
+
+def test_hostile_policy_parameters_in_settings_fall_back_to_the_papers():
+    """Issue 36, round four: a settings file with parameters a policy does not take,
+    out of range, of the wrong type, or together impossible (an even SnapKV kernel)."""
+    from app.settings import Settings
+
+    s = Settings(policy_params={"snapkv": {"kernel": 4, "window": "x"},
+                                "h2o": {"recent_ratio": 5, "bogus": 1},
+                                "tova": {"recent": 3}, "nope": {"a": 1}}).validated()  # fmt: skip
+    assert s.policy_params == {"snapkv": {}, "h2o": {}, "tova": {"recent": 3}}

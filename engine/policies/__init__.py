@@ -68,6 +68,7 @@ def parse_settings(
             out[key] = tunables[key].check(value)
         except ConfigError as exc:
             raise ConfigError(f"{name}: {exc}") from None
+    make_policy(name, **out)  # what one range cannot say (SnapKV's odd kernel) fails here
     return tuple(sorted(out.items()))
 
 
