@@ -138,9 +138,10 @@ def _cell(n_right: int, n: int, setting: str, **over) -> list[dict]:
         ("full", None, "original") if setting == "full" else ("snapkv", 256, setting)
     )
     name = "full" if setting == "full" else f"snapkv-256-{setting}"
+    path = "first" if setting == "full" else "recall"  # the default path (recall_first)
     return [
         _record(doc=i, setting=name, policy=policy, budget=budget, positions=positions,
-                right=i < n_right, kept=1.0 if i % 2 else 0.0, **over)
+                right=i < n_right, kept=1.0 if i % 2 else 0.0, path=path, **over)
         for i in range(n)
     ]  # fmt: skip
 

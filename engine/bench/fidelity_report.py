@@ -25,6 +25,12 @@ WITHIN = 0.05  # the first target: within 5 points of the full cache
 PAST_SHARE = 0.9  # past the trained context: 90% of the full cache's accuracy
 PATHS = ("first", "recall", "follow")
 FULL_PATH = {"recall": "first"}  # the full cache's records each path is held against
+DEFAULT_PATH = "recall"  # a first question's answer with the defaults (recall_first, issue 34)
+PATH_TITLES = {
+    "first": "first questions without recall (--no-recall-first)",
+    "recall": "first questions with recall (the default)",
+    "follow": "follow-up questions",
+}
 
 
 def item(r: Record) -> Item:
@@ -173,10 +179,10 @@ def why_table(records: list[Record]) -> list[str]:
 
 def _auto_vs_full(records: list[Record], keep: Callable[[Record], bool]) -> list[tuple[Any, ...]]:
     """``(model, haystack, length, difference, low, high, n)`` of ``auto`` against the
-    full cache in each first-question cell that ``keep`` accepts."""
+    full cache in each first-question cell that ``keep`` accepts, on the default path."""
     out = []
     for (model, _, path, budget), rs in _groups(with_auto(records)).items():
-        if path != "first":
+        if path != DEFAULT_PATH:
             continue
         for length in sorted({r["length"] for r in rs}):
             for name in sorted({r["haystack"] for r in rs}):
@@ -223,12 +229,12 @@ def _past_training(records: list[Record]) -> list[tuple[str, str, bool]]:
     out = []
     for model in sorted({r["model"] for r in records}):
         mine = [r for r in answered(with_auto(records)) if r["model"] == model]
-        mine = [r for r in mine if r["path"] == "first"]
         if not mine:
             continue
         train = mine[0]["n_ctx_train"]
-        full = [r for r in mine if r["setting"] == "full"]
+        full = [r for r in mine if r["setting"] == "full" and r["path"] == "first"]
         past = [r for r in mine if r["setting"].endswith("-auto") and r["length"] > train]
+        past = [r for r in past if r["path"] == DEFAULT_PATH]
         if not full or not past:
             continue
         half = min({r["length"] for r in full}, key=lambda n: abs(n - train / 2))
@@ -254,13 +260,15 @@ def markdown(result: dict[str, Any]) -> str:
         "Each cell: right answers / items, percent, 95% Wilson interval. `auto - full`: the "
         "difference on the same items in points, with Newcombe's paired 95% interval "
         "(`*`: the interval excludes 0). A right answer holds the planted value whole and "
-        "no distractor's value. `first`: the first question, read with it voting; "
-        "`follow`: the next questions, from the saved read with recall.",
+        "no distractor's value. First questions are read with the question voting at every "
+        "eviction; with recall (the default since issue 34) the evicted passages that best "
+        "match the question come back before it is read, as they do for follow-ups, which "
+        "are asked from the saved read.",
     ]
     groups = _groups(records)
     for key in sorted(groups, key=lambda k: (k[0], k[1], PATHS.index(k[2]))):
         (model, policy, path, budget), rs = key, groups[key]
-        lines += ["", f"## {model}: {policy}, {path} questions", "", *cell_table(rs, budget)]
+        lines += ["", f"## {model}: {policy}, {PATH_TITLES[path]}", "", *cell_table(rs, budget)]
         base = [r for r in rs if not r["setting"].endswith("-auto")]
         lines += ["", "Position modes on the same items:", "", *modes_table(base, budget)]
         if path == "recall":
