@@ -8,27 +8,18 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_app_worker import FakeEngine, FakeSession, _stats
-from test_transcript import SHAPES, _blocks, _chat_with, _lines
+from helpers.app_windows import open_window as _window
+from helpers.fakes import FakeEngine, FakeSession
+from helpers.fakes import fake_stats as _stats
+from helpers.transcripts import SHAPES
+from helpers.transcripts import chat_with as _chat_with
+from helpers.transcripts import reader_lines as _lines
+from helpers.transcripts import text_blocks as _blocks
 
 from app.settings import Settings, load
 from app.store import Store
 from app.window import MainWindow
-from app.worker import WorkerThread
 from engine import Cancelled, Done, Progress, Recalled, Token
-
-
-def _window(qtbot, tmp_path, engine=None, settings=None, path=None) -> MainWindow:
-    engine = engine or FakeEngine()
-    w = MainWindow(
-        WorkerThread(lambda p, layers, t: engine),
-        Store(tmp_path / "h.sqlite3"),
-        settings or Settings(),
-        path,
-    )
-    qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.model_name == "Fake 1B", timeout=5000)
-    return w
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

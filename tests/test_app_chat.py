@@ -8,7 +8,7 @@ import itertools
 import time
 
 import pytest
-from test_app_worker import FakeEngine
+from helpers.fakes import FakeEngine
 
 from app.settings import Settings, load
 from app.store import Store

@@ -3,7 +3,7 @@ history in memory and says why in one line, instead of dying with FileExistsErro
 
 from __future__ import annotations
 
-from test_app_window import RecordingEngine
+from helpers.fakes import RecordingEngine
 
 from app.settings import Settings
 from app.store import Store, open_store

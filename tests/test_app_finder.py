@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_app_worker import FakeEngine
-from test_finder import gguf, hf_cache
+from helpers.fakes import FakeEngine
+from helpers.model_stores import gguf, hf_cache
 
 from app.settings import Settings, load
 from app.settings_panel import SettingsPanel

@@ -3,7 +3,7 @@ the three plots share one time axis (seconds since the app started)."""
 
 from __future__ import annotations
 
-from test_app_worker import _stats
+from helpers.fakes import fake_stats as _stats
 
 from app.graphs import MemoryGraphs
 from engine.native.monitor import MemorySample

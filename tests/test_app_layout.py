@@ -6,6 +6,8 @@ StreamingLLM's window explained, the menu bar."""
 from __future__ import annotations
 
 import pytest
+from helpers.app_windows import open_window as _window
+from helpers.fakes import FakeEngine
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -16,8 +18,6 @@ from PySide6.QtWidgets import (
     QStyle,
     QStyleOptionComboBox,
 )
-from test_app_answers import _window
-from test_app_worker import FakeEngine
 
 from app.settings import load
 from app.window import MainWindow

@@ -7,7 +7,7 @@ import itertools
 import time
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QDropEvent
 

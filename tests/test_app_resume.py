@@ -7,7 +7,7 @@ settings change or a damaged file reads again with the reason. Real model."""
 from __future__ import annotations
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from app.settings import Settings
 from app.store import Store

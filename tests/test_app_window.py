@@ -5,7 +5,7 @@ the KV graph's label against llama.cpp's default cache, from hand-made stats."""
 from __future__ import annotations
 
 import pytest
-from test_app_worker import FakeEngine
+from helpers.fakes import FakeEngine, RecordingEngine
 
 from app.graphs import MemoryGraphs
 from app.settings import Settings
@@ -13,16 +13,6 @@ from app.store import Store
 from app.window import MainWindow
 from app.worker import WorkerThread
 from engine.stats import KVStats
-
-
-class RecordingEngine(FakeEngine):
-    def __init__(self) -> None:
-        super().__init__(steps=4)
-        self.policies: list[str] = []
-
-    def session(self, policy, budget, **settings):
-        self.policies.append(policy)
-        return super().session(policy, budget)
 
 
 @pytest.fixture

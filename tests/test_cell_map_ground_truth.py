@@ -12,7 +12,7 @@ import logging
 import re
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine import Evicted
 from engine.native.model import log as llama_log

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine.cli.chat import interactive, parse_line
 from engine.cli.chat import main as chat_main

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine.cli.main import main
 from engine.native.embedded import default_model_path
@@ -208,7 +208,7 @@ def test_batch_summarize_json(tmp_path):
 def test_show_kept_writes_a_self_contained_page(tmp_path):
     from html.parser import HTMLParser
 
-    from docs_for_tests import passkey_document
+    from helpers.docs_for_tests import passkey_document
 
     doc = tmp_path / "haystack.txt"
     doc.write_text(passkey_document(60, 0.4, 48213))

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine.cli import main as cli
 from engine.cli import options as cli_options

@@ -62,7 +62,7 @@ def test_html_gives_visible_text(tmp_path):
 
 
 def test_pdf_text_layer(tmp_path):
-    from docs_for_tests import text_pdf
+    from helpers.docs_for_tests import text_pdf
 
     p = _write(tmp_path, "doc.pdf", text_pdf(["The pass key is 4242.", "Remember it."]))
     text = load_document(p)
@@ -70,7 +70,7 @@ def test_pdf_text_layer(tmp_path):
 
 
 def test_pdf_failures_are_one_line(tmp_path):
-    from bad_inputs import pdfs
+    from helpers.bad_inputs import pdfs
 
     messages = {"image-only.pdf": "no text layer", "encrypted.pdf": "encrypted"}
     for name, data in pdfs().items():

@@ -14,10 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-import bad_inputs
 import psutil
 import pytest
-from docs_for_tests import prose
+from helpers import bad_inputs
+from helpers.docs_for_tests import prose
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -91,7 +91,7 @@ def test_bad_documents_through_the_cli(corpus):
 
 
 def test_bad_documents_through_the_gui_adapter(qtbot, tmp_path, corpus):
-    from test_app_worker import FakeEngine
+    from helpers.fakes import FakeEngine
 
     from app.settings import Settings
     from app.store import Store

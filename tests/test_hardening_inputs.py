@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine import ConfigError, DocumentError, ModelError, Sampling
 from engine.cli import main as cli
@@ -98,7 +98,7 @@ def test_a_file_over_the_size_limit_is_refused_with_the_limit(tmp_path, monkeypa
 @pytest.mark.parametrize("kind", ["txt", "html", "docx", "pdf"])
 def test_text_over_the_character_limit_is_refused(tmp_path, monkeypatch, kind):
     import docx
-    from docs_for_tests import text_pdf
+    from helpers.docs_for_tests import text_pdf
 
     monkeypatch.setattr(limits, "MAX_TEXT_CHARACTERS", 500)
     line = "The pass key is 4242 and the kettle is blue. "

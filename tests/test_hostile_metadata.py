@@ -10,7 +10,8 @@ import shutil
 import struct
 
 import pytest
-from test_chat_templates import _skip, _u64
+from helpers.gguf_files import skip_value as _skip
+from helpers.gguf_files import u64 as _u64
 
 from engine import Engine, ModelError
 from engine.native.embedded import default_model_path

@@ -8,7 +8,7 @@ import io
 import time
 
 import pytest
-from test_chat_templates import gguf_with_template
+from helpers.gguf_files import gguf_with_template
 
 from engine import Engine, ModelError
 from engine.cli.main import main

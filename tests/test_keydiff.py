@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from docs_for_tests import passkey_document
+from helpers.docs_for_tests import passkey_document
 
 from engine.policies import Keys, make_policy
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from docs_for_tests import prose
-from margins import check
+from helpers.docs_for_tests import prose
+from helpers.margins import check
 
 from engine import Session
 from engine.bench.tasks import log_softmax

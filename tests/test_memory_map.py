@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine import Session
 from engine.session.trace import EVICTED, RECENT, SCORED, SINK, UNREAD, byte_spans

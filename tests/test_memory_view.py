@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from docs_for_tests import PASSKEY_PREFIX, PASSKEY_SUFFIX, passkey_document
+from helpers.docs_for_tests import PASSKEY_PREFIX, PASSKEY_SUFFIX, passkey_document
 from PySide6.QtCore import QPoint, Qt
 
 from app.memory_view import MemoryView

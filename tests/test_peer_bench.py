@@ -1,6 +1,6 @@
 """``kvtrim bench --peer llama-server`` (engine/bench/peer*.py): the log and response
 parsing, the alternation, the targets and the report without a model or a binary;
-end to end against a fake peer (tests/fake_llama_server.py: kvtrim serve taking
+end to end against a fake peer (tests/helpers/fake_llama_server.py: kvtrim serve taking
 llama-server's options) and, where it is built, the real llama-server."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from json_server import JsonServer
+from helpers.json_server import JsonServer
 
 from engine.bench import peer, peer_report
 from engine.bench import peer_client as pc
@@ -26,7 +26,7 @@ from engine.errors import PeerError
 from engine.session.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE_PEER = Path(__file__).resolve().parent / "fake_llama_server.py"
+FAKE_PEER = Path(__file__).resolve().parent / "helpers" / "fake_llama_server.py"
 MIB = 2**20
 
 # llama-server's log with -lv 4, as it reads for the default model (-np 4 -c 1024)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from docs_for_tests import prose
-from margins import check
+from helpers.docs_for_tests import prose
+from helpers.margins import check
 
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
 from engine.native.model import log as llama_log

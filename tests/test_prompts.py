@@ -111,7 +111,7 @@ def test_chat_messages_are_text_too(engine):
 
 def test_long_texts_tokenize_in_pieces_to_the_same_tokens(engine, monkeypatch):
     """Pieces bound what the tokenizer holds at once, whatever the document's size."""
-    from docs_for_tests import prose
+    from helpers.docs_for_tests import prose
 
     import engine.native.model as model_module
 

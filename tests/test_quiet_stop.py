@@ -8,7 +8,7 @@ import logging
 import threading
 
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine import Cancelled, Progress
 from engine.native import model

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 import pytest
-from margins import check
+from helpers.margins import check
 
 from engine import Cancelled, Engine, Recalled, Sampling, Session, Token
 from engine.bench import multiturn

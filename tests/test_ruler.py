@@ -11,7 +11,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from json_server import JsonServer
+from helpers.json_server import JsonServer
 
 from engine.bench import ruler, ruler_report, texts
 from engine.cli import bench as bench_cli

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine import Session
 from engine.errors import StateError

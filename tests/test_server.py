@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine.serve.api import ServerConfig, create_app
 from engine.serve.background import BackgroundServer

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from docs_for_tests import prose
+from helpers.docs_for_tests import prose
 
 from engine.cli.main import main as cli_main
 from engine.cli.serve import allowed_hosts

@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 import pytest
-from docs_for_tests import (
+from helpers.docs_for_tests import (
     PASSKEY_PREFIX,
     PASSKEY_SUFFIX,
     passkey_document,
     passkey_key,
     prose,
 )
-from margins import check
+from helpers.margins import check
 
 from engine import (
     POLICIES,

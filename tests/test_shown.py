@@ -8,7 +8,7 @@ import io
 import os
 from pathlib import Path
 
-from test_finder import models_cli_args
+from helpers.model_stores import models_cli_args
 
 from engine.cli import models as models_cli
 from engine.errors import shown

@@ -10,7 +10,7 @@ import threading
 
 import httpx
 import pytest
-from docs_for_tests import passkey_document
+from helpers.docs_for_tests import passkey_document
 
 from engine import Engine, Session
 from engine.native.embedded import EMBEDDED, resolve

@@ -5,44 +5,13 @@ shows every answer as it was written."""
 
 from __future__ import annotations
 
+from helpers.transcripts import SHAPES
+from helpers.transcripts import chat_with as _chat_with
+from helpers.transcripts import reader_lines as _lines
+from helpers.transcripts import text_blocks as _blocks
 from PySide6.QtGui import QTextDocument
 
 from app.store import Store
-
-# (the answer, what a reader sees of it, line by line)
-SHAPES = {
-    "bare number": ("48213.", ["48213."]),
-    "short number": ("27.", ["27."]),
-    "number then text": ("27. That is all.", ["27. That is all."]),
-    "paren number": ("3) three", ["3) three"]),
-    "heading-like": ("# 5", ["5"]),
-    "quote-like": ("> not a quote", ["> not a quote"]),
-    "setext-like": ("Answer\n===", ["Answer", "==="]),
-    "rule-like": ("Result\n---", ["Result", "---"]),
-    "html": ("<b>bold?</b> <script>alert(1)</script>", ["<b>bold?</b> <script>alert(1)</script>"]),
-    "math": ("2*3*4 = 24", ["2*3*4 = 24"]),
-}
-
-
-def _blocks(doc: QTextDocument) -> list:
-    out, block = [], doc.begin()
-    while block.isValid():
-        out.append(block)
-        block = block.next()
-    return out
-
-
-def _lines(doc: QTextDocument) -> list[str]:
-    """The document's lines as a reader sees them (a <br> stays inside its block)."""
-    return [line for b in _blocks(doc) for line in b.text().split("\u2028")]
-
-
-def _chat_with(store: Store, answers: list[str]) -> int:
-    c = store.new_conversation("Shapes")
-    for i, answer in enumerate(answers):
-        store.add_message(c.id, "user", f"question {i}?")
-        store.add_message(c.id, "assistant", answer, "1.0 tok/s · end of answer")
-    return c.id
 
 
 def test_the_export_renders_every_answer_as_written(qapp, tmp_path):

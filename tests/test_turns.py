@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_app_worker import JOB, FakeEngine, FakeSession, _stats
+from helpers.fakes import JOB, FakeEngine, FakeSession
+from helpers.fakes import fake_stats as _stats
 
 from app import worker as worker_module
 from app.worker import WorkerThread

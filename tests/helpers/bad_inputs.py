@@ -9,9 +9,8 @@ import os
 import zipfile
 from pathlib import Path
 
-from docs_for_tests import text_pdf
-
 from engine.native.embedded import default_model_path
+from helpers.docs_for_tests import text_pdf
 
 
 def pdfs() -> dict[str, bytes]:
