@@ -93,7 +93,7 @@ class _Log(logging.Handler):
 
 
 def _probe_module():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "research" / "multiseq_probe.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "research" / "multiseq_probe.py"
     spec = importlib.util.spec_from_file_location("multiseq_probe_for_pool", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

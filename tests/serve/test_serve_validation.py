@@ -1,5 +1,6 @@
 """``kvtrim serve``'s request checks alone: no server, no model. The cases of
-test_server*.py that are about refusing a request, plus hostile ones."""
+test_server.py and test_hostile_clients.py that are about refusing a request, plus
+hostile ones."""
 
 from __future__ import annotations
 

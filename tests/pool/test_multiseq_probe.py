@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "research" / "multiseq_probe.py"
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "research" / "multiseq_probe.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """A pool's shares and its admission check, as plain arithmetic (engine.pool.shares):
-no model, no threads. The numbers are those of tests/test_pool.py's real pools."""
+no model, no threads. The numbers are those of tests/pool/test_pool.py's real pools."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from engine.cli.main import main
 from engine.errors import PeerError
 from engine.session.prompts import chat_prompt
 
-ROOT = Path(__file__).resolve().parents[1]
-FAKE_PEER = Path(__file__).resolve().parent / "helpers" / "fake_llama_server.py"
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_PEER = ROOT / "tests" / "helpers" / "fake_llama_server.py"
 MIB = 2**20
 
 # llama-server's log with -lv 4, as it reads for the default model (-np 4 -c 1024)

@@ -1,7 +1,7 @@
 """Issue 22, findings 1 and 2 in the window: answers shown as written in the chat view
 (reopened history), the answer's stage shown at once, every answer's meta line ending
 with why it stopped, and max tokens, temperature and the budget in the settings panel
-with the CLI's values and ranges. The export: tests/test_transcript.py."""
+with the CLI's values and ranges. The export: tests/app/test_transcript.py."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from engine import Engine, Model, Prompt, Result, Session, default_model_path
 from engine.session.prompts import ask_prompt, chat_prompt, follow_up_prompt, summary_prompt
 from engine.session.trace import Segment
 
-DATA = Path(__file__).parent / "data" / "templates"
+DATA = Path(__file__).resolve().parents[1] / "data" / "templates"
 
 
 @dataclass(frozen=True)

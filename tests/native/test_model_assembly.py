@@ -13,7 +13,7 @@ import pytest
 from engine import ModelError
 from engine.native.embedded import default_model_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

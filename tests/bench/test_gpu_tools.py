@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(name: str):

@@ -289,7 +289,7 @@ def test_input_that_is_not_utf8_comes_out_as_replacement_characters(tmp_path):
     script = b'{"question": "What is the key?\xff\xfe"}\nplain \xc0 question?\n'
     argv = [sys.executable, "-m", "app.main", "chat", str(doc), "--json"]
     argv += ["--max-tokens", "2", "--policy", "full"]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(argv, input=script, capture_output=True, timeout=120, cwd=root)
     out = proc.stdout.decode("utf-8")  # strict: no raw byte came back
     rows = [json.loads(line) for line in out.splitlines()]

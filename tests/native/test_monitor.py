@@ -95,7 +95,7 @@ def test_driver_failure_degrades(monkeypatch):
 def test_engine_never_imports_qt():
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parents[1] / "engine"
+    root = pathlib.Path(__file__).resolve().parents[2] / "engine"
     for path in root.rglob("*.py"):
         text = path.read_text()
         assert "PySide6" not in text and "PyQt" not in text, path

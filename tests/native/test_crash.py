@@ -111,7 +111,7 @@ def test_segfault_mid_answer_leaves_a_log_and_the_history(tmp_path, monkeypatch)
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert child.returncode == -signal.SIGSEGV, child.stderr[-2000:]
     assert "token" in child.stdout  # it was answering
@@ -150,7 +150,7 @@ def test_verbose_command_line_reports_the_crash_once(tmp_path):
     env = {**os.environ, "KVTRIM_CRASH_DIR": str(crashes)}
     cmd = [sys.executable, "-m", "app.main", "ask", str(doc), "-q", "Colour?"]
     cmd += ["--max-tokens", "1", "--policy", "full", "--verbose"]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root, timeout=120)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "the last kvtrim run crashed in llama.cpp" in first.stderr
@@ -225,7 +225,7 @@ def test_an_abort_while_loading_says_the_model_file_looks_corrupt(tmp_path, monk
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert child.returncode == -signal.SIGABRT, child.stderr[-2000:]
     monkeypatch.setenv("KVTRIM_CRASH_DIR", str(crashes))

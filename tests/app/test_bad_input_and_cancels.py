@@ -25,7 +25,7 @@ from engine import Cancelled, DocumentError, Engine, Progress, Session, Token
 from engine.cli.main import main as cli_main
 from engine.documents.load import SUFFIXES, load_document
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
