@@ -32,18 +32,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = [
-    "tests/test_kv_memory.py",
-    "tests/test_session.py::test_passkey_question_aware_snapkv_beats_streaming",
-    "tests/test_session.py::test_budget_larger_than_input_matches_plain_llama_cpp",
-    "tests/test_session.py::test_chat_follow_ups_continue_the_cache_within_its_bound",
-    "tests/test_recall.py",
-    "tests/test_pool.py::test_needles_found_together_are_the_ones_found_alone",
-    "tests/test_server.py::test_concurrent_requests_match_what_each_gets_alone",
-    "tests/test_bench.py::test_the_full_cache_is_its_own_reference",
-    "tests/test_memory_view.py::test_real_needle_map_shows_the_kept_key",
-    "tests/test_multiseq_probe.py",
-    "tests/test_chat_cli.py::test_follow_up_after_eviction_brings_back_the_planted_fact",
-    "tests/test_app_real.py::test_real_model_drop_summary_then_details_brought_back",
+    "tests/kv/test_kv_memory.py",
+    "tests/session/test_session.py::test_passkey_question_aware_snapkv_beats_streaming",
+    "tests/session/test_session.py::test_budget_larger_than_input_matches_plain_llama_cpp",
+    "tests/session/test_session.py::test_chat_follow_ups_continue_the_cache_within_its_bound",
+    "tests/session/test_recall.py",
+    "tests/pool/test_pool.py::test_needles_found_together_are_the_ones_found_alone",
+    "tests/serve/test_server.py::test_concurrent_requests_match_what_each_gets_alone",
+    "tests/bench/test_bench.py::test_the_full_cache_is_its_own_reference",
+    "tests/app/test_memory_view.py::test_real_needle_map_shows_the_kept_key",
+    "tests/pool/test_multiseq_probe.py",
+    "tests/cli/test_chat_cli.py::test_follow_up_after_eviction_brings_back_the_planted_fact",
+    "tests/app/test_app_real.py::test_real_model_drop_summary_then_details_brought_back",
 ]
 
 

@@ -1,0 +1,418 @@
+"""Several sessions as sequences of one shared context (engine/pool/): the
+needle each finds is the one it finds alone, eviction in one never touches
+another's cells (checked against llama.cpp's own cell table), shares follow the
+rule, and a cancelled or finished sequence frees its cells at once."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers.docs_for_tests import prose
+from helpers.margins import check
+
+from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
+from engine.native.model import log as llama_log
+from engine.policies import Needs, make_policy
+from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
+from engine.session.core import Session, SessionConfig
+from engine.session.prompts import ask_prompt
+
+Q = "What is the pass key? Give the number."
+PREFIX = "The pass key is"
+KEYS = [48213, 90127, 31416]
+
+
+def _doc(words: int, key: int, seed: int) -> str:
+    return f"{prose(words // 2, seed=seed)} The pass key is {key}. Remember it. " + prose(
+        words // 2, seed=seed + 1
+    )
+
+
+def _n_tokens(model, doc: str, answer: int) -> int:
+    p = ask_prompt(model, doc, Q, PREFIX)
+    return len(model.tokenize(p.prefix + p.document + p.suffix)) + answer
+
+
+@pytest.fixture(scope="module")
+def pool(engine):
+    with KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2) as p:
+        yield p
+
+
+@pytest.mark.parametrize("layout", ["shared", "streams"])
+def test_needles_found_together_are_the_ones_found_alone(engine, layout):
+    # the second document is longer than its share: it evicts while the others run
+    docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
+    alone = []
+    for doc in docs:
+        with engine.session("snapkv", 512) as s:
+            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    together: list[str | None] = [None] * 3
+    evicted = [0] * 3
+    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2, layout=layout)
+
+    def job(i: int) -> None:
+        s = pool.open(
+            make_policy("snapkv"), SessionConfig(512), _n_tokens(engine.model, docs[i], 10)
+        )
+        with s:
+            together[i] = s.collect(s.ask(docs[i], Q, answer_prefix=PREFIX, max_tokens=10)).text
+            evicted[i] = s.stats.evicted_tokens
+            assert s.stats.cells_peak <= s.ctx.n_ctx  # inside its share
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        pool.close()
+    for key, one, many in zip(KEYS, alone, together, strict=True):
+        assert str(key) in one and str(key) in many, (key, one, many)
+    assert evicted[1] > 0 and evicted[2] == 0  # the long one evicts, the shortest fits
+    # the answers were written in shared steps: fewer decodes than tokens
+    snap = pool.snapshot()
+    check("tokens per decode step", snap["tokens"] / snap["steps"], ">", 1.5)
+    assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
+
+
+class _Log(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _probe_module():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "research" / "multiseq_probe.py"
+    spec = importlib.util.spec_from_file_location("multiseq_probe_for_pool", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("layout", ["shared", "streams"])
+def test_each_sequence_cell_map_matches_llama_cpp(engine, monkeypatch, layout):
+    """Two evicting sessions read in turns (in the shared pool one's tokens fill the
+    other's freed cells); each learnt map must equal llama.cpp's table for its
+    sequence (in its own stream with ``streams``)."""
+    probe = _probe_module()
+    monkeypatch.setenv("LLAMA_KV_CACHE_DEBUG", "3")
+    handler, level = _Log(), llama_log.level
+    llama_log.setLevel(logging.DEBUG)
+    llama_log.addHandler(handler)
+    try:
+        cells = 768 if layout == "shared" else 1024  # streams: 512 each
+        with KVPool(engine.model, cells=cells, max_seqs=2, n_threads=2, layout=layout) as small:
+            config = SessionConfig(256, chunk_tokens=48, question_aware=False)
+            a = small.open(make_policy("snapkv"), config, 10_000)
+            b = small.open(make_policy("h2o"), config, 10_000)
+            texts = [engine.model.tokenize(prose(90, seed=s), add_bos=True) for s in (7, 8)]
+            parts = [[t[k : k + 100] for k in range(0, len(t), 100)] for t in texts]
+            for pa, pb in zip(*parts, strict=False):
+                list(a.feed(pa, logits=False))
+                list(b.feed(pb, logits=False))
+            want = {"0": a.cache.cells.snapshot(), "1": b.cache.cells.snapshot()}
+            handler.lines.clear()
+            list(a.feed(texts[0][:1], logits=False))  # llama.cpp logs the table first
+            list(b.feed(texts[1][:1], logits=False))  # (each stream's, with streams)
+            assert a.stats.evictions >= 3 and b.stats.evictions >= 3
+            a.close()
+            b.close()
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(level)
+    tables = probe.kv_tables(handler.lines)
+    assert len(tables) >= 2, "llama.cpp logged no cell table"
+    got: dict[str, dict[int, int]] = {"0": {}, "1": {}}
+    if layout == "shared":
+        for cell, (seq, pos) in tables[0][1].items():
+            got[seq][pos] = cell
+    else:
+        assert [stream for stream, _ in tables[:2]] == [0, 1]
+        for stream, table in tables[:2]:
+            for cell, (seq, pos) in table.items():
+                assert seq == str(stream)  # a stream holds its own sequence only
+                got[seq][pos] = cell
+    assert got == want
+    cells_a, cells_b = set(want["0"].values()), set(want["1"].values())
+    if layout == "shared":
+        assert not cells_a & cells_b
+        # the two sequences' cells interleave: one took the other's freed cells
+        assert min(cells_b) < max(cells_a) and min(cells_a) < max(cells_b)
+
+
+def test_shares_by_length_and_even(engine):
+    model = engine.model
+    stream = make_policy("streaming")
+    with KVPool(model, cells=1200, max_seqs=4, n_threads=1, needs=Needs()) as p:
+        short = p.open(stream, SessionConfig(512), 100)
+        fits = 100 + SLACK  # it never evicts: no room for a question's observation
+        assert short.ctx.n_ctx == fits  # a job that fits takes what it needs
+        long = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        assert long.ctx.n_ctx == 512 + 128 + QUESTION_ROOM  # a whole session's room
+        assert long.budget == 512
+        third = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        # max-min fair: the short one keeps what it needs, the two long ones split the rest
+        half = (1200 - fits) // 2
+        assert short.ctx.n_ctx == fits and long.ctx.n_ctx == third.ctx.n_ctx == half
+        assert long.budget == half - 128  # it evicts down to its new share
+        assert third.budget + third.config.chunk() == half
+        assert half >= MIN_SHARE
+        with pytest.raises(ContextOverflowError):
+            p.open(make_policy("full"), SessionConfig(2048), 2000)  # can never fit
+        third.close()
+        assert long.ctx.n_ctx == 704  # it grows back when the other leaves
+        short.close()
+        long.close()
+        assert p.snapshot()["reserved_cells"] == 0
+    with KVPool(model, cells=1024, max_seqs=4, n_threads=1, share="even") as p:
+        a = p.open(stream, SessionConfig(512), 100)
+        assert a.ctx.n_ctx == 1024  # alone: the whole pool
+        b = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        assert a.ctx.n_ctx == b.ctx.n_ctx == 512  # even, whatever each needs
+        a.close()
+        b.close()
+
+
+def test_a_sequence_waits_for_cells_and_a_cancel_frees_them(engine):
+    model = engine.model
+    with KVPool(model, cells=600, max_seqs=2, n_threads=1, needs=Needs()) as p:
+        first = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        assert first.ctx.n_ctx == 600
+        got: list[Session] = []
+        gave_up = threading.Event()
+
+        def second() -> None:
+            got.append(p.open(make_policy("streaming"), SessionConfig(512), 5000))
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.3)
+        assert not got  # two shares of 300 would be under MIN_SHARE: it waits in line
+        first.close()
+        waiter.join(5)
+        assert got and got[0].ctx.n_ctx == 600
+        # a cancel while waiting in line raises at once
+        cancel = threading.Event()
+
+        def third() -> None:
+            try:
+                p.open(make_policy("streaming"), SessionConfig(512), 5000, cancel=cancel)
+            except Cancelled:
+                gave_up.set()
+
+        t = threading.Thread(target=third)
+        t.start()
+        cancel.set()
+        t.join(5)
+        assert gave_up.is_set()
+        # a running sequence stopped by its cancel frees its cells for the next one
+        s = got[0]
+        long_text = model.tokenize(prose(200, seed=2), add_bos=True)
+        events = s.run_tokens(long_text, [1, 2], max_tokens=4)
+        next(events)
+        s.cancel()
+        with pytest.raises(Cancelled):
+            for _ in events:
+                pass
+        s.close()
+        assert p.snapshot()["active"] == 0
+        again = p.open(make_policy("streaming"), SessionConfig(512), 50)
+        hello = model.tokenize("Hello", add_bos=True)
+        result = again.collect(again.run_tokens(hello, [3], max_tokens=4))
+        assert result.stats.generated_tokens > 0
+        again.close()
+
+
+def test_a_bad_sequence_id_is_an_error_not_an_abort(engine, pool):
+    with pytest.raises(EngineError, match="outside"):
+        pool.ctx.seq_rm(0, -1, seq=pool.max_seqs)
+    with pytest.raises(EngineError, match="outside"):
+        pool.ctx.decode([1], 0, logits=False, seq=-1)
+
+
+def test_summarize_parallel_writes_every_file_and_skips_a_bad_one(engine, tmp_path):
+    from engine.runtime.batch import Source, default_parallel, summarize_many
+    from engine.runtime.spec import RequestSpec
+
+    docs = []
+    for i, words in enumerate((30, 120, 60)):
+        path = tmp_path / f"d{i}.txt"
+        path.write_text(prose(words, seed=40 + i))
+        docs.append(Source(path, Path(path.name)))
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.4 not really")
+    docs.insert(1, Source(bad, Path(bad.name)))
+    spec = RequestSpec(budget_tokens=512, max_tokens=8)
+    assert default_parallel(engine, spec, 8) == 1  # a CPU: one by one (see batch.py)
+    pools: list[KVPool] = []
+    results = summarize_many(engine, docs, tmp_path / "out", spec, parallel=3, pools=pools)
+    assert [r.path.name for r in results] == ["d0.txt", "bad.pdf", "d1.txt", "d2.txt"]
+    assert results[1].error and results[1].out is None
+    for r in (results[0], results[2], results[3]):
+        assert r.error is None and r.out.read_text().startswith(f"# {r.path.name}")
+        assert r.stats.generated_tokens > 0
+    snap = pools[0].snapshot()
+    assert snap["peak_seqs"] >= 2 and snap["cells"] == 768  # one session's cells, shared
+
+
+def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
+    from types import SimpleNamespace
+
+    from engine.runtime.batch import default_parallel
+    from engine.runtime.spec import RequestSpec
+
+    gpu = SimpleNamespace(
+        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=True, info=engine.model.info)
+    )
+    assert default_parallel(gpu, RequestSpec(), 8) == 4
+    assert default_parallel(gpu, RequestSpec(), 2) == 2
+    asked_no_gpu = SimpleNamespace(
+        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=False, info=engine.model.info)
+    )
+    assert default_parallel(asked_no_gpu, RequestSpec(), 8) == 1  # a CPU-only build
+
+
+def test_sequences_that_never_evict_wait_instead_of_overfilling_the_pool(engine):
+    with KVPool(engine.model, cells=1000, max_seqs=3, n_threads=1, needs=Needs()) as p:
+        first = p.open(make_policy("full"), SessionConfig(2048), 584)  # 600 cells
+        got: list[Session] = []
+        t = threading.Thread(
+            target=lambda: got.append(p.open(make_policy("full"), SessionConfig(2048), 584))
+        )
+        t.start()
+        time.sleep(0.3)
+        assert not got  # 1,200 cells promised to two that never evict: it waits
+        first.close()
+        t.join(5)
+        assert got and got[0].ctx.n_ctx == 600
+        got[0].close()
+
+
+def test_a_batch_that_finds_no_free_cells_is_retried_not_failed(engine):
+    from engine.errors import CacheFullError
+
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs()) as p:
+        real, fails = p.ctx.decode_batch, [3]
+
+        def flaky(*args, **kwargs):
+            if fails[0]:
+                fails[0] -= 1
+                raise CacheFullError("no free KV cell for the batch (the cache is full)")
+            return real(*args, **kwargs)
+
+        p.ctx.decode_batch = flaky
+        s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+        hello = engine.model.tokenize("Hello there", add_bos=True)
+        result = s.collect(s.run_tokens(hello[:-1], hello[-1:], max_tokens=3))
+        assert result.stats.generated_tokens == 3 and fails[0] == 0
+        s.close()
+
+
+def test_a_scheduler_that_fails_answers_every_caller(engine):
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs()) as p:
+        s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+
+        def broken() -> list:
+            raise RuntimeError("scheduler bug")
+
+        p.scheduler._choose = broken  # type: ignore[method-assign]
+        hello = engine.model.tokenize("Hello", add_bos=True)
+        with pytest.raises(EngineError, match="scheduler stopped"):
+            s.collect(s.run_tokens(hello, [1], max_tokens=2))
+        with pytest.raises(Cancelled):  # the pool refuses new work instead of hanging
+            p.open(make_policy("streaming"), SessionConfig(512), 40)
+        s.close()
+
+
+def test_closing_the_pool_first_leaves_open_sessions_safe(engine):
+    p = KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs())
+    s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+    hello = engine.model.tokenize("Hello", add_bos=True)
+    s.collect(s.run_tokens(hello, [1], max_tokens=2))
+    p.close()  # Ctrl+C in summarize --parallel: the pool goes while a session is open
+    with pytest.raises(Cancelled):
+        s.collect(s.run_tokens(hello, [1], max_tokens=2))
+    s.close()  # returns its id only: no llama.cpp call on the freed context
+
+
+def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
+    """A pooled summary opens its sequence with the request's policy settings (issue
+    21: ``batch._summarize`` once built the policy from its name alone)."""
+    from types import SimpleNamespace
+
+    from engine.runtime import batch
+    from engine.runtime.spec import RequestSpec
+
+    class _Stop(Exception):
+        pass
+
+    opened = []
+
+    class _Pool:
+        def open(self, policy, config, n_tokens, *, cancel=None, label=""):
+            opened.append(policy)
+            raise _Stop
+
+    model = SimpleNamespace(tokenize=lambda text: text.split())
+    engine = SimpleNamespace(model=model, config=lambda budget, **options: (budget, options))
+    doc = tmp_path / "a.txt"
+    doc.write_text("one two three four")
+    spec = RequestSpec(policy="h2o", policy_settings=(("recent_ratio", 0.25),))
+    with pytest.raises(_Stop):
+        batch._summarize(engine, doc, spec, None, pool=_Pool())  # type: ignore[arg-type]
+    assert opened[0].name == "h2o" and opened[0].recent_ratio == 0.25
+
+
+def test_cache_settings_are_decided_once():
+    from engine.native.kvmemory import KV_TYPES, CacheSettings
+
+    q8, f16 = KV_TYPES["q8_0"], KV_TYPES["f16"]
+    plain = CacheSettings.decide(reads_attention=False, kv_type="q8_0")
+    assert (plain.flash_attn, plain.type_k, plain.type_v) == (True, q8, q8)
+    reads = CacheSettings.decide(reads_attention=True, kv_type="q8_0")
+    assert (reads.flash_attn, reads.type_k, reads.type_v) == (False, q8, f16)
+    assert CacheSettings.decide(reads_attention=False, window_layers_unknown=True).swa_full
+    with pytest.raises(ConfigError, match="needs flash attention off"):
+        CacheSettings.decide(reads_attention=True, flash_attn="on")
+    # a pool that reads attention runs sessions that do not, unless their cache differs
+    pool = CacheSettings.decide(reads_attention=True)
+    assert pool.refusal(CacheSettings.decide(reads_attention=False)) is None
+    assert "V q8_0" in pool.refusal(plain).split(";")[0]
+    assert "whole" in pool.refusal(CacheSettings.decide(reads_attention=False, swa_cache="full"))
+    assert "attention read" in CacheSettings.decide(reads_attention=False).refusal(pool)
+
+
+def test_a_pooled_request_gets_the_cache_a_lone_session_gets(engine):
+    """Issue 21: for a policy that reads no attention with q8_0 and flash attention
+    auto, a lone session quantized V (flash attention on) while the pool kept V at
+    f16; and a pool silently ran a request whose cache it could not hold."""
+    from engine.runtime.batch import make_pool
+    from engine.runtime.spec import RequestSpec
+
+    spec = RequestSpec(policy="streaming", budget_tokens=512, kv_type="q8_0")
+    with spec.open(engine) as alone:
+        assert alone.stats.kv_type == "q8_0"
+        with make_pool(engine, spec, 2) as pool, spec.open_in(engine, pool, 600) as pooled:
+            assert pooled.stats.kv_type == alone.stats.kv_type == "q8_0"  # V quantized too
+            assert pool.cache.type_v == pool.cache.type_k
+            assert pooled.reader.kv_layout == alone.reader.kv_layout
+    reading = RequestSpec(policy="snapkv", budget_tokens=512, kv_type="q8_0")
+    with make_pool(engine, reading, 2) as pool:
+        with pytest.raises(
+            ConfigError, match="cannot run in the shared KV pool: it needs K q8_0, V q8_0"
+        ):
+            spec.open_in(engine, pool, 600)
+        with reading.open_in(engine, pool, 600) as s:
+            assert s.stats.kv_type == "q8_0/f16"

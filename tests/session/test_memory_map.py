@@ -1,0 +1,92 @@
+"""The memory map: kept positions mapped back to exact character spans of the
+source text, across chunk boundaries and multi-byte characters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.docs_for_tests import prose
+
+from engine import Session
+from engine.session.trace import EVICTED, RECENT, SCORED, SINK, UNREAD, byte_spans
+
+MULTIBYTE = "Café crème, naïve — 日本語 🚀 Ελληνικά; byte-split: 𓀀 ꙮ ⸻ 🧌. "
+
+
+def _doc() -> str:
+    parts = []
+    for i, sentence in enumerate(prose(40, seed=21).split(". ")):
+        parts.append(sentence + (". " if i % 3 else ". " + MULTIBYTE))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("policy", ["snapkv", "h2o", "streaming"])
+def test_kept_positions_map_to_exact_spans(engine, policy):
+    doc = _doc()
+    tokens = engine.model.tokenize(doc)
+    with engine.session(policy, 96, chunk_tokens=17) as s:  # chunk boundaries mid-word
+        Session.collect(s.ask(doc, "Who sold the kettle?", max_tokens=6))
+        m = s.memory_map()
+        held = s.cache.ids.copy()
+    i = m.segment("document")
+    seg, roles = m.segments[i], m.roles[i]
+    assert seg.text == doc and seg.n_tokens == len(tokens)
+    # the spans tile the text in order
+    assert seg.char_starts[0] == 0 and seg.char_ends[-1] == len(doc)
+    assert np.array_equal(seg.char_starts[1:], seg.char_ends[:-1])
+    assert "".join(doc[a:b] for a, b in zip(seg.char_starts, seg.char_ends, strict=True)) == doc
+    # each token's span is its own text (a character split over byte tokens belongs
+    # to the last of them; the others have empty spans)
+    split = 0
+    for tok, a, b in zip(tokens, seg.char_starts, seg.char_ends, strict=True):
+        piece = engine.model.piece(tok, special=True)
+        try:
+            assert doc[a:b] == piece.decode("utf-8"), (tok, piece, doc[a:b])
+        except UnicodeDecodeError:
+            split += 1
+    assert split > 0, "the document has characters the tokenizer splits into bytes"
+    # held ids are exactly the tokens not evicted, and they re-tokenize to themselves
+    doc_ids = np.arange(seg.first_id, seg.first_id + seg.n_tokens)
+    kept = np.isin(doc_ids, held)
+    assert np.array_equal(kept, roles != EVICTED)
+    assert 0 < kept.sum() < len(tokens)
+    for idx in np.flatnonzero(kept)[:200]:
+        a, b = seg.char_starts[idx], seg.char_ends[idx]
+        if b > a and engine.model.piece(tokens[idx]).decode("utf-8", "ignore") == doc[a:b]:
+            again = engine.model.tokenize(doc[:b])
+            assert again[idx] == tokens[idx]
+    # roles: sinks first, then what the policy keeps
+    assert roles[0] in (SINK, SCORED) and UNREAD not in roles
+    if policy == "streaming":
+        assert not (roles == SCORED).any() and (roles == RECENT).any()
+    else:
+        kept_scores = m.scores[i][roles == SCORED]
+        assert len(kept_scores) and np.isfinite(kept_scores).all()
+
+
+def test_map_during_prefill_answer_and_follow_up(engine):
+    doc = prose(80, seed=22)
+    with engine.session("snapkv", 128) as s:
+        maps = []
+        for event in s.ask(doc, "Who repaired the bicycle?", max_tokens=8):
+            if type(event).__name__ == "Progress" and not maps:
+                maps.append(s.memory_map())
+            if type(event).__name__ == "Done":
+                done = event
+        first = maps[0]
+        d = first.segment("document")
+        assert (first.roles[d] == UNREAD).any(), "the rest of the document is not read yet"
+        assert first.tokens_seen < s.memory_map().tokens_seen
+        end = s.memory_map()
+        answer = end.segments[end.segment("answer")]
+        assert answer.text.startswith(done.text) and answer.n_tokens == done.stats.generated_tokens
+        Session.collect(s.follow_up("And who sold the kettle?", max_tokens=4))
+        names = [seg.name for seg in s.memory_map().segments]
+        assert names == ["prompt", "document", "question", "answer", "turn", "answer"]
+
+
+def test_byte_spans_degrade_instead_of_failing():
+    starts, ends = byte_spans([b" Hello", b" world"], b"Hello world")  # a space prefix
+    assert starts.tolist() == [0, 5] and ends.tolist() == [5, 11]
+    starts, ends = byte_spans([b"ab", b"cd"], b"abcdef")  # pieces that do not match
+    assert ends[-1] == 6 and (np.diff(starts) >= 0).all()
