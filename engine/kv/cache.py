@@ -17,7 +17,7 @@ import numpy as np
 from .cells import EMPTY, CellMap
 from .context import SequenceContext
 
-CLOSE_WORDS = True  # the punctuation closing a word is kept with it (tests/test_whole_words.py)
+CLOSE_WORDS = True  # the punctuation closing a word is kept with it (tests/kv/test_whole_words.py)
 MAX_WORD_TOKENS = 16  # a longer run (a URL, a hash, text without spaces) is cut here
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from docs_for_tests import passkey_document, prose
+from helpers.docs_for_tests import passkey_document, prose
 
 from engine.serve.api import create_app
 from engine.serve.background import BackgroundServer
@@ -22,7 +22,7 @@ from engine.serve.config import ServerConfig
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the pass key? Give the number."
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FIRST_COMMANDS = [
     'bash scripts/setup.sh && .venv/bin/kvtrim ask resources/samples/passkey.txt --question "What '

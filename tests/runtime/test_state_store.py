@@ -19,7 +19,7 @@ from engine.errors import DamagedStateError, StateError
 from engine.runtime.states import STALE_PARTIAL_S, StateStore
 from engine.session.state import STATE_VERSION, SavedState
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _state(n: int = 1000) -> SavedState:
@@ -49,7 +49,7 @@ def test_a_planted_folder_where_a_state_file_goes_is_damage_not_a_crash(tmp_path
 def test_a_write_killed_midway_leaves_nothing_that_is_read_and_is_cleared_later(tmp_path):
     child = textwrap.dedent(f"""
         import os, sys, time
-        sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / "tests")!r})
+        sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / "tests" / "runtime")!r})
         from test_state_store import _state
         from engine.runtime.states import StateStore
         os.fsync = lambda fd: time.sleep(60)  # the bytes are written, not yet renamed

@@ -14,7 +14,7 @@ from engine.runtime.chat import Chat
 
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[1] / "resources" / "samples" / "passkey.txt"
+SAMPLE = Path(__file__).resolve().parents[2] / "resources" / "samples" / "passkey.txt"
 
 
 def test_after_a_summary_the_pass_key_answer_stops_after_one_round(engine):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from docs_for_tests import passkey_document
+from helpers.docs_for_tests import passkey_document
 
 from engine.errors import DamagedStateError, StateError
 from engine.runtime.states import StateStore
@@ -21,7 +21,7 @@ from engine.session.state import SavedState
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "68142"
 QUESTION = "What is the pass key? Give the number."
 
