@@ -268,4 +268,4 @@ def test_a_second_question_about_a_document_starts_from_its_saved_read(tmp_path,
     again = ask("-q", "What is the locker code?", "--answer-prefix", "The locker code is",
                 "--reread")  # fmt: skip
     assert again["cached_tokens"] == 0 and again["prompt_tokens"] > 1024
-    assert abs(again["prompt_tokens"] - first["prompt_tokens"]) < 20  # the prompt, read again
+    assert abs(again["prompt_tokens"] - first["prompt_tokens"]) < 200  # read again, recall too
