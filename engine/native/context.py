@@ -243,6 +243,9 @@ class NativeContext:
         """Held around a session's CPU work between decodes; alone, nothing to share."""
         return contextlib.nullcontext()
 
+    def rest(self) -> None:
+        """No decode follows soon; alone, no batch waits for it."""
+
     @property
     def n_cells(self) -> int:
         """Cells of one sequence's cache (the columns of the attention tensor)."""

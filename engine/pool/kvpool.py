@@ -89,12 +89,10 @@ class KVPool:
         swa_cache: str = "window",
         n_batch: int = 512,
         share: str = "length",
-        gather_s: float = 0.03,
         layout: str = "shared",
     ) -> None:
         """``cells``: the global KV budget (rounded up to 256 by llama.cpp);
-        ``gather_s``: how long a step waits at most for the other running sequences
-        (a quarter of the last decode's time, within 2 ms..``gather_s``)."""
+        ``needs``: what its sequences' policies read (``policies.needs_of``)."""
         check_settings(cells, max_seqs, share, layout)
         capture = needs.capture(model.info)
         info = model.info
@@ -128,7 +126,7 @@ class KVPool:
         self.reclaim: Callable[[], bool] | None = None
         """Frees a sequence that is kept idle (True) when one more does not fit: the
         server keeps finished requests' sequences for their text (serve/runner.py)."""
-        self.scheduler = Scheduler(self._shared, layout=layout, gather_s=gather_s, held=self._held)
+        self.scheduler = Scheduler(self._shared, layout=layout, held=self._held)
 
     @property
     def cells(self) -> int:

@@ -4,12 +4,18 @@ Decoding a token of a small model on a CPU (or of an 8B model on a GPU) is bound
 by reading the weights, so one step for eight sequences costs far less than
 eight steps (docs/multiseq.md: 2.1x tokens/s at 8 sequences on 2 cores).
 
-A session's ``decode`` puts a step in the queue and blocks; the scheduler thread
-waits a moment for the other running sequences' steps (continuous batching: a
-prefill chunk of a new request and the one-token steps of running ones go in one
-batch), decodes them together, and hands each sequence its logits and its own
-attention rows (capture.py ``Segment``). It knows sequences by id only: what they
-hold comes from the pool (``held``), never from their sessions.
+A session's ``decode`` puts a step in the queue and blocks; the thread decodes the
+queued steps together and hands each sequence its logits and its own attention
+rows or keys (capture.py ``Segment``). What goes into a batch is ``plan.plan``'s
+(a function, tested without a model). When a batch runs is no timer's either: the
+sequences a batch answered are owed back (each samples its token, or evicts,
+under the CPU lock that no decode runs beside, then asks again), and the next
+batch waits until every one of them has asked again or left (closed, parked, or
+stopped reading: ``forget``), so a batch is as large as the running sequences make
+it, as llama-server's is. One bound keeps a sequence that stalls outside kvtrim (a
+library caller that stops iterating) from holding the others for ever:
+``OWED_LIMIT_S``, a liveness guard, not a scheduling rule. It knows sequences by
+id only: what they hold comes from the pool (``held``), never from their sessions.
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from ..errors import CacheFullError, Cancelled, EngineError
 from ..native.capture import Captured, Segment
 from ..native.context import NativeContext
 from ..native.kvmemory import CacheSettings
+from .plan import Room, Waiting, plan
 
-RECENT_S = 0.05  # seconds: a sequence whose last step ended this recently is between tokens
-MIN_GATHER_S = 0.002  # seconds a batch waits at least for the expected steps
+OWED_LIMIT_S = 2.0  # a sequence owed back longer than this no longer holds the batch
 RETRY_S = 0.01  # seconds between tries of a step that found no free cells
 RETRIES = 300  # tries of a step alone that finds no free cells (3 s), then it fails
 POLL_S = 0.05  # seconds between looks at a waiting caller's cancel
@@ -85,27 +91,26 @@ class _Step:
     error: BaseException | None = None
     requeue: bool = False  # put back in the queue instead of answered (no free cells)
     retries: int = 0
+    skipped: int = 0  # batches it was left out of (plan.MAX_SKIPS)
+
+    def waiting(self) -> Waiting:
+        return Waiting(self.seq, len(self.tokens), self.order, self.skipped)
 
 
 class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
     ``held``: cells every sequence holds now (a sequence whose share shrank holds
-    more than its share until its next step evicts); ``gather_s``: how long a step
-    waits at most for the other running sequences (a quarter of the last decode's
-    time, within 2 ms..``gather_s``)."""
+    more than its share until its next step evicts)."""
 
-    def __init__(
-        self, shared: SharedContext, *, layout: str, gather_s: float, held: Callable[[], int]
-    ) -> None:
+    def __init__(self, shared: SharedContext, *, layout: str, held: Callable[[], int]) -> None:
         self.shared = shared
         self.layout = layout
-        self.gather_s = gather_s
         self.held = held
         self._cond = threading.Condition()
         self._pending: list[_Step] = []
         self._order = itertools.count()
-        self._last_done: dict[int, float] = {}  # monotonic time a sequence's step ended
+        self._owed: dict[int, float] = {}  # sequences a batch answered, not back yet: since
         self._stall = False
         self._split_next = False
         self._no_room_since: float | None = None  # when the first batch found no room
@@ -115,7 +120,6 @@ class Scheduler:
         self.tokens = 0  # tokens decoded
         self.peak_cells = 0  # most cells held by all sequences at once
         self.decode_s = 0.0
-        self._last_decode_s = 0.0
         self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
         self._thread.start()
 
@@ -142,6 +146,7 @@ class Scheduler:
             if cancel.is_set():
                 raise Cancelled("cancelled")
             self._pending.append(step)
+            self._owed.pop(seq, None)
             self._cond.notify_all()
         while not step.done.wait(POLL_S):
             if cancel.is_set():
@@ -154,9 +159,10 @@ class Scheduler:
         return step
 
     def forget(self, seq: int) -> None:
-        """Sequence ``seq`` ended: no step of it is expected any more."""
+        """Sequence ``seq`` ended or rests (closed, parked): no step of it is owed."""
         with self._cond:
-            self._last_done.pop(seq, None)
+            self._owed.pop(seq, None)
+            self._cond.notify_all()
 
     def stop(self) -> None:
         """Refuse new steps; the waiting ones are cancelled and the thread ends."""
@@ -194,7 +200,7 @@ class Scheduler:
                 if self.closed:
                     self._fail_waiting(Cancelled("the pool is closed"))
                     return
-                self._gather()
+                self._await_owed()
                 batch = self._choose()
                 if not batch or self._stall:  # no room yet: a sequence evicts or leaves
                     self._stall = False
@@ -222,48 +228,40 @@ class Scheduler:
             step.done.set()
             self._no_room_since = None
 
-    def _gather(self) -> None:
-        """Wait a moment for the expected steps (call with ``_cond`` held).
-
-        The sequences of the last batch come back after their sampling and
-        bookkeeping (serialized by the CPU lock): waiting for them keeps the batch
-        whole instead of splitting it in two smaller, dearer decodes."""
-        wait = min(self.gather_s, max(MIN_GATHER_S, self._last_decode_s / 4))
-        deadline = time.monotonic() + wait
-        while len(self._pending) < self._expected(time.monotonic()):
-            left = deadline - time.monotonic()
-            if left <= 0 or self.closed:
-                break
+    def _await_owed(self) -> None:
+        """Wait until every sequence the last batch answered has asked again or left
+        (call with ``_cond`` held): the batch is then every running sequence's."""
+        while self._owed and not self.closed:
+            oldest = min(self._owed.values())
+            left = oldest + OWED_LIMIT_S - time.monotonic()
+            if left <= 0:  # stalled outside kvtrim: it no longer holds the others
+                self._owed = {s: t for s, t in self._owed.items() if t > oldest}
+                continue
             self._cond.wait(left)
 
-    def _expected(self, now: float) -> int:
-        """Sequences that will most likely send a step soon: those queued and those
-        whose last step ended within the last 50 ms (they are between tokens)."""
-        queued = {s.seq for s in self._pending}
-        recent = {seq for seq, t in self._last_done.items() if now - t < RECENT_S}
-        return len(queued | recent)
-
     def _choose(self) -> list[_Step]:
-        """One-token steps (answers being written) first, then reads, oldest first,
-        as many as the batch holds."""
-        order = sorted(self._pending, key=lambda s: (len(s.tokens) > 1, s.order))
-        if self._split_next:  # the last batch found no room together: one at a time
-            self._split_next = False
-            order = order[:1]
-        chosen, n = [], 0
+        """The next batch, as ``plan.plan`` says, and the waiting steps' ages; a step
+        no batch can hold fails (call with ``_cond`` held)."""
         ctx = self.shared.ctx
+        pending = self._pending[:1] if self._split_next else self._pending
+        self._split_next = False  # the last batch found no room together: one at a time
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
-        held = self.held()
-        room = ctx.n_ctx if self.layout == "shared" else 1 << 62  # streams: own cells
-        for step in order:
-            if n + len(step.tokens) <= ctx.n_batch and held + n + len(step.tokens) <= room:
-                chosen.append(step)
-                n += len(step.tokens)
-        for step in chosen:
+        free = ctx.n_ctx - self.held() if self.layout == "shared" else None
+        chosen = plan([s.waiting() for s in pending], Room(ctx.n_batch, free))
+        by_seq = {s.seq: s for s in pending}
+        for w in chosen.left:
+            by_seq[w.seq].skipped = w.skipped
+        for w in chosen.too_big:
+            step = by_seq[w.seq]
+            self._pending.remove(step)
+            step.error = EngineError(f"a step of {w.tokens} tokens does not fit the batch")
+            step.done.set()
+        batch = [by_seq[w.seq] for w in chosen.batch]
+        for step in batch:
             self._pending.remove(step)
             step.taken = True
-        return chosen
+        return batch
 
     def _groups(self, steps: list[_Step]) -> list[list[_Step]]:
         """The ``llama_decode`` calls of one round. Shared pool: one, whatever the
@@ -374,14 +372,14 @@ class Scheduler:
         """Count the decode, then answer every step not put back in the queue."""
         self.steps += 1
         self.tokens += n_tokens
-        self._last_decode_s = seconds
         self.decode_s += seconds
         try:
             self.peak_cells = max(self.peak_cells, self.held())
             now = time.monotonic()
             with self._cond:
                 for step in steps:
-                    self._last_done[step.seq] = now  # most likely back for the next batch
+                    if not step.requeue and step.error is None:
+                        self._owed[step.seq] = now  # it samples or evicts, then asks again
         finally:
             for step in steps:
                 if not step.requeue:

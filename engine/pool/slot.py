@@ -55,13 +55,25 @@ class Slot:
         self.n_batch = ctx.n_batch
         self.swa_cells = ctx.swa_cells // ctx.n_seq_max
         self.label = label
-        self.kept = False  # idle, kept with the text it read for a next request
+        self._kept = False
         self.cancel_event = threading.Event()
         self.stats: KVStats | None = None  # the session's, for /metrics
         self.started = time.time()
         self._release = release
         self._out: np.ndarray | None = None
         self._closed = False
+
+    @property
+    def kept(self) -> bool:
+        """Idle, kept with the text it read for a next request (serve/runner.py): the
+        scheduler owes it no batch while it rests."""
+        return self._kept
+
+    @kept.setter
+    def kept(self, value: bool) -> None:
+        self._kept = value
+        if value:
+            self.scheduler.forget(self.seq)
 
     @property
     def claim(self) -> Want:
@@ -112,6 +124,11 @@ class Slot:
         it then never runs beside a decode, whose threads spin-wait for each other
         and stall when another thread takes their core (docs/multiseq.md §5)."""
         return self.shared.cpu
+
+    def rest(self) -> None:
+        """No decode follows soon (an answer ended): the next batch does not wait
+        for this sequence."""
+        self.scheduler.forget(self.seq)
 
     def seq_rm(self, p0: int, p1: int) -> None:
         with self.shared.native() as ctx:

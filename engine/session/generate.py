@@ -74,6 +74,7 @@ def generate(
                 break
     finally:
         stats.decode_s = base + time.perf_counter() - start
+        reader.ctx.rest()  # a pool's next batch no longer waits for this sequence
     tail = matcher.flush() + (utf8.decode(b"", final=True) if reason != "stop" else "")
     if tail:
         yield Token(-1, tail, stats)

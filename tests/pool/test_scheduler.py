@@ -16,7 +16,7 @@ from engine.pool import scheduler as sch
 def _scheduler(held: int) -> sch.Scheduler:
     ctx = SimpleNamespace(n_batch=512, n_ctx=2048, close=lambda: None)
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
-    return sch.Scheduler(shared, layout="shared", gather_s=0.01, held=lambda: held)
+    return sch.Scheduler(shared, layout="shared", held=lambda: held)
 
 
 def test_a_step_that_never_fits_fails_with_the_reason(monkeypatch):
@@ -41,3 +41,48 @@ def test_a_cancel_still_leaves_a_waiting_step_at_once(monkeypatch):
     assert time.monotonic() - start < 2
     s.stop()
     s.join()
+
+
+class _RecordingContext:
+    """A stand-in for the pool's llama.cpp context: records each batch's sequences."""
+
+    def __init__(self) -> None:
+        self.n_batch, self.n_ctx, self.batches = 512, 2048, []
+
+    def decode_batch(self, entries, segments, n_streams):
+        self.batches.append(sorted({seq for seq, *_ in entries}))
+        return []
+
+    def logits_at(self, row):
+        import numpy as np
+
+        return np.zeros(4, dtype=np.float32)
+
+    def close(self):
+        pass
+
+
+def test_a_batch_waits_for_every_sequence_it_answered_not_for_a_timer():
+    """Issue 37: three sequences writing answers, each doing work of its own between
+    steps (here a sleep, unequal): every batch after the first holds all three, with
+    no gathering delay; one that leaves (forget) holds no batch back."""
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
+
+    def sequence(seq: int, steps: int) -> None:
+        for _ in range(steps):
+            s.submit(seq, threading.Event(), [1], 0, True, False, None)
+            time.sleep(0.01 * seq)  # sampling, scoring: not the same for each
+        s.forget(seq)  # done: closed
+
+    threads = [threading.Thread(target=sequence, args=(seq, 6)) for seq in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s.stop()
+    s.join()
+    full = [b for b in ctx.batches if b == [1, 2, 3]]
+    assert len(full) >= 5 and len(ctx.batches) <= 7, ctx.batches
+    assert sum(len(b) for b in ctx.batches) == 18  # every step decoded once
