@@ -393,6 +393,11 @@ def _kvmem_config(args: argparse.Namespace) -> Any:
 
     cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
     _override(cfg, args, "lengths", "depths")
+    if args.budgets is not None:
+        try:
+            cfg.budgets = [int(b) for b in args.budgets]
+        except ValueError:
+            raise ConfigError("--budgets with --kv-memory takes token counts (256,1024)") from None
     if args.parts is not None:
         cfg.parts = _known_parts(args.parts, kvmem.PARTS)
     return cfg
