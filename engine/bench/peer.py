@@ -212,8 +212,24 @@ def measure_serve(
     api.close()
     clients = step.launch.parallel
     for stream, passages in ((False, work.plain), (True, work.streaming)):
+        before = pc.decode_counts(url)
         got = pc.load(url, passages, clients, cfg.gen_tokens, stream)
-        yield {"clients": clients, "stream": stream, "requests": len(passages), **got}
+        yield {
+            "clients": clients,
+            "stream": stream,
+            "requests": len(passages),
+            **got,
+            **_decodes(before, pc.decode_counts(url)),
+        }
+
+
+def _decodes(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
+    """llama_decode calls and tokens per call of one load, from the two /metrics reads."""
+    if before is None or after is None:
+        return {}
+    decodes = after["decodes"] - before["decodes"]
+    tokens = after.get("tokens", 0.0) - before.get("tokens", 0.0)
+    return {"decodes": int(decodes), "tokens_per_decode": tokens / decodes if decodes else None}
 
 
 def _warm_chat(url: str, work: Workload) -> Any:

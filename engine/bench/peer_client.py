@@ -7,9 +7,11 @@ Units: seconds, tokens, tokens per second, bytes.
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,3 +202,30 @@ def load(url: str, prompts: list[str], clients: int, gen: int, stream: bool) -> 
         "prompt_tokens": [figures(r)["prompt_tokens"] for r in done],
         "answers": [r.text for r in done],
     }
+
+
+# llama_decode calls and the tokens they held, as each server counts them on /metrics
+# (llama-server with --metrics: prompt tokens read + tokens predicted; kvtrim: its pool)
+_DECODES = {
+    "llamacpp:n_decode_total": "decodes",
+    "llamacpp:prompt_tokens_total": "tokens",
+    "llamacpp:tokens_predicted_total": "tokens",
+    "kvtrim_pool_decode_steps": "decodes",
+    "kvtrim_pool_decode_tokens": "tokens",
+}
+
+
+def decode_counts(url: str) -> dict[str, float] | None:
+    """``{"decodes": n, "tokens": n}`` from the server's ``/metrics`` so far, or None
+    where it counts neither (kvtrim with one sequence runs no pool)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+            text = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    got: dict[str, float] = {}
+    for name, value in re.findall(r"^([A-Za-z_:]+) ([0-9.eE+-]+)$", text, re.M):
+        if name in _DECODES:
+            key = _DECODES[name]
+            got[key] = got.get(key, 0.0) + float(value)
+    return got if got.get("decodes") else None

@@ -81,6 +81,8 @@ def serve_medians(result: dict[str, Any]) -> dict[tuple[int, bool, str], dict[st
             "completion_tokens": median(
                 [statistics.mean(r["completion_tokens"] or [0]) for r in rs]
             ),
+            "decodes": median([r.get("decodes") for r in rs]),
+            "tokens_per_decode": median([r.get("tokens_per_decode") for r in rs]),
             "rounds": len(rs),
             "answers": rs[0]["answers"],
         }
@@ -118,8 +120,9 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
         "",
         "| clients | mode | llama-server req/s | kvtrim req/s | kvtrim / llama | "
         "p50 latency (s) llama / kvtrim | TTFT p50 (s) llama / kvtrim | "
-        "tokens generated llama / kvtrim | same text |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "tokens generated llama / kvtrim | llama_decode calls llama / kvtrim | "
+        "tokens per call llama / kvtrim | same text |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for clients, stream in sorted({(c, s) for c, s, _ in med}):
         a, b = med.get((clients, stream, PEER)), med.get((clients, stream, KVTRIM))
@@ -132,6 +135,8 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
             f"{_num(a['latency_p50_s'])} / {_num(b['latency_p50_s'])} | "
             f"{_num(a['ttft_p50_s'], '.3f')} / {_num(b['ttft_p50_s'], '.3f')} | "
             f"{_num(a['completion_tokens'], '.1f')} / {_num(b['completion_tokens'], '.1f')} | "
+            f"{_num(a['decodes'], '.0f')} / {_num(b['decodes'], '.0f')} | "
+            f"{_num(a['tokens_per_decode'], '.1f')} / {_num(b['tokens_per_decode'], '.1f')} | "
             f"{_same_text(a['answers'], b['answers'])} |"
         )
     return [*lines, ""]

@@ -103,6 +103,7 @@ def peer_argv(
         str(launch.ctx),
         "-lv",
         "4",
+        "--metrics",  # llama_decode calls per load (peer_client.decode_counts)
         *chat,
     ]
 

@@ -89,6 +89,9 @@ class Metrics:
             "kvtrim_pool_batch_tokens_mean", "Tokens per llama_decode, mean", registry=r
         )
         self.pool_steps = Gauge("kvtrim_pool_decode_steps", "llama_decode calls", registry=r)
+        self.pool_tokens = Gauge(
+            "kvtrim_pool_decode_tokens", "Tokens the pool's llama_decode calls held", registry=r
+        )
         self.pool_decode_s = Gauge(
             "kvtrim_pool_decode_seconds",
             "Seconds the pool's llama_decode calls took, in all (the rest of a request's "
@@ -129,6 +132,7 @@ class Metrics:
         self.pool_kept.set(snapshot.get("kept", 0))
         self.pool_batch.set(snapshot["mean_batch_tokens"])
         self.pool_steps.set(snapshot["steps"])
+        self.pool_tokens.set(snapshot.get("tokens", 0))
         self.pool_decode_s.set(snapshot.get("decode_s", 0.0))
         per_seq = (
             self.seq_share,

@@ -619,3 +619,39 @@ def test_the_command_quick_serve_part_against_a_fake_peer(tmp_path):
         (ps.KVTRIM, True),
     ]
     assert result["config"]["threads"] == 2 and result["config"]["peer_binary"] == str(fake)
+
+
+LLAMA_METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 1280
+llamacpp:tokens_predicted_total 256
+llamacpp:n_decode_total 96
+llamacpp:n_busy_slots_per_decode 3.5
+"""
+
+
+def _serving(monkeypatch: pytest.MonkeyPatch, texts: list[str]) -> None:
+    """``urlopen`` answers each call with the next of ``texts`` ('' fails to connect)."""
+
+    def urlopen(url: str, timeout: float) -> io.BytesIO:
+        text = texts.pop(0)
+        if not text:
+            raise ConnectionRefusedError(url)
+        return io.BytesIO(text.encode())
+
+    monkeypatch.setattr(pc.urllib.request, "urlopen", urlopen)
+
+
+def test_decode_counts_read_either_servers_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    kvtrim = "kvtrim_pool_decode_steps 40.0\nkvtrim_pool_decode_tokens 1000.0\n"
+    _serving(monkeypatch, [LLAMA_METRICS, kvtrim, "kvtrim_pool_decode_steps 0.0\n", ""])
+    assert pc.decode_counts("http://x") == {"decodes": 96.0, "tokens": 1536.0}
+    assert pc.decode_counts("http://x") == {"decodes": 40.0, "tokens": 1000.0}
+    assert pc.decode_counts("http://x") is None  # one sequence: kvtrim runs no pool
+    assert pc.decode_counts("http://x") is None  # not reachable
+    assert peer._decodes({"decodes": 10, "tokens": 100}, {"decodes": 30, "tokens": 500}) == {
+        "decodes": 20,
+        "tokens_per_decode": 20.0,
+    }
+    assert peer._decodes(None, {"decodes": 3, "tokens": 9}) == {}
