@@ -79,12 +79,20 @@ class Launch:
 
 
 def peer_argv(
-    binary: str, model: str, port: int, threads: int, launch: Launch, template: str = ""
+    binary: str,
+    model: str,
+    port: int,
+    threads: int,
+    launch: Launch,
+    template: str = "",
+    repack: bool = True,
 ) -> list[str]:
     """llama-server's command line: its defaults but for the slots, context and threads,
-    a log that shows its KV caches (``-lv 4``: libllama's info lines) and, where
-    ``template`` names a file, that chat template."""
+    a log that shows its KV caches (``-lv 4``: libllama's info lines), where
+    ``template`` names a file, that chat template, and ``--no-repack`` where kvtrim
+    turns repacking off too (``native.cpu.resolve_repack``: AMX CPUs crash it)."""
     chat = ["--jinja", "--chat-template-file", template] if template else []
+    chat += [] if repack else ["--no-repack"]
     return [
         binary,
         "-m",

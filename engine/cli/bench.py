@@ -21,6 +21,18 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _mix(text: str) -> tuple[int, int]:
+    """``--peer-mix 64x96``: (prompt tokens, output tokens), each at least 1."""
+    prompt, sep, gen = text.lower().partition("x")
+    try:
+        pair = (int(prompt), int(gen))
+    except ValueError:
+        pair = (0, 0)
+    if not sep or min(pair) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give PROMPTxGEN, e.g. 64x96")
+    return pair
+
+
 _GRID_OPTIONS: tuple[Option, ...] = (  # what the comparison (and the parts) run
     (("--quick",), {"action": "store_true", "help": "a small grid (under 2 minutes)"}),
     (
@@ -197,6 +209,16 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "help": "with --peer: kvtrim serve's --kv-layout in the serve part with several "
             "clients (default: shared, its own default; streams gives each request "
             "--kv-cells/N cells, as llama-server gives each slot -c/N)",
+        },
+    ),
+    (
+        ("--peer-mix",),
+        {
+            "type": _mix,
+            "default": None,
+            "metavar": "PROMPTxGEN",
+            "help": "with --peer: the serve part's prompt and output tokens per request, "
+            "e.g. 64x96 (default: 160x32); llama-server's slots grow to hold them",
         },
     ),
     (
@@ -547,6 +569,10 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     _override(cfg, args, "clients", "lengths", "rounds", "seed")
     if args.peer_kv_layout:
         cfg.kv_layout = args.peer_kv_layout
+    if args.peer_mix is not None:
+        cfg.passage_tokens, cfg.gen_tokens = args.peer_mix
+        # a slot holds the chat frame (~64 tokens) too; llama.cpp rounds -c to 256
+        cfg.slot_cells = max(cfg.slot_cells, -(-(sum(args.peer_mix) + 64) // 256) * 256)
     bad = [n for n in (*cfg.clients, *cfg.lengths, cfg.rounds) if n < 1]
     if bad:
         raise ConfigError(f"--clients, --lengths and --rounds must be at least 1, got {bad[0]}")

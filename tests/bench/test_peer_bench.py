@@ -5,6 +5,7 @@ llama-server's options) and, where it is built, the real llama-server."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -235,6 +236,29 @@ def test_both_servers_get_the_same_model_and_threads():
     assert opts["--model"] == "/m.gguf" and opts["--threads"] == "3"
     assert (opts["--parallel"], opts["--kv-cells"], opts["--budget"]) == ("4", "2048", "512")
     assert "--kv-cells" not in ps.kvtrim_argv("m", 1, 1, ps.Launch(ps.KVTRIM, 1))
+    assert "--no-repack" not in argv  # repacking follows kvtrim's own decision
+    assert "--no-repack" in ps.peer_argv("b", "m", 1, 1, launch, repack=False)
+
+
+def test_another_mix_of_prompt_and_output_lengths():
+    """--peer-mix 64x96: the serve part's passages and outputs; llama-server's slots
+    grow to hold a longer mix, never shrink."""
+    from engine.cli.bench import _mix, _peer_config
+
+    def config(mix: str) -> peer.PeerConfig:
+        args = SimpleNamespace(
+            quick=False, parts=None, clients=None, lengths=None, rounds=None, seed=None,
+            peer_kv_layout=None, peer_mix=_mix(mix), peer_binary=Path("/bin/true"), model=None,
+            threads=1,
+        )  # fmt: skip
+        return _peer_config(args, io.StringIO())
+
+    small, big = config("64x96"), config("600X200")
+    assert (small.passage_tokens, small.gen_tokens, small.slot_cells) == (64, 96, 256)
+    assert (big.passage_tokens, big.gen_tokens, big.slot_cells) == (600, 200, 1024)
+    for bad in ("64", "x9", "0x5", "ax5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _mix(bad)
 
 
 # ---------------------------------------------------------------- server processes
