@@ -207,9 +207,16 @@ def load(out_dir: Path) -> dict[str, Any]:
 
 
 def _spec(setting: Setting, size: int, cfg: FidelityConfig) -> RequestSpec:
+    """The request of every path: the ``first`` path reads without recall (the
+    ``recall`` path is that question with it), whatever the default of
+    ``recall_first``; the ``recall`` and ``follow`` paths recall from the saved read."""
     policy, _, positions = setting
     return RequestSpec(
-        policy=policy, budget_tokens=size, positions=positions, max_tokens=cfg.max_tokens
+        policy=policy,
+        budget_tokens=size,
+        positions=positions,
+        max_tokens=cfg.max_tokens,
+        recall_first=False,
     )
 
 

@@ -170,3 +170,14 @@ def test_past_the_trained_context_is_held_against_the_full_cache_at_half_of_it()
     records += _cell(19, 30, "bounded", auto_is=True, length=16384)
     past = [t for t in fidelity_report.targets({"runs": [], "records": records}) if "past" in t[0]]
     assert past and past[0][2] and "19/30" in past[0][1] and "20/30" in past[0][1]
+
+
+def test_the_first_path_reads_without_recall_whatever_the_default():
+    """recall_first is on by default (issue 34); the ``first`` path is the question
+    without it (the ``recall`` path has it), or the two paths would measure the same."""
+    from engine.session.config import SessionOptions
+
+    assert SessionOptions().recall_first  # the default the path must not follow
+    for setting in (("snapkv", 256, "compact"), ("keydiff", 1024, "bounded")):
+        spec = fidelity._spec(setting, setting[1], fidelity.FidelityConfig())
+        assert spec.recall_first is False and spec.policy == setting[0]
