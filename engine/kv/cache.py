@@ -75,6 +75,15 @@ class KVCache:
         self.next_lpos += n
         self.shift_pending = False
 
+    def apply_shifts(self) -> None:
+        """llama.cpp applies position shifts at the next decode and does not save them:
+        decode one scratch token and remove it again."""
+        if not self.shift_pending:
+            return
+        self.ctx.decode([0], self.next_lpos, logits=False)
+        self.drop_scratch()
+        self.shift_pending = False
+
     def drop_scratch(self) -> None:
         """Remove anything decoded past the stream (an observation window)."""
         self.ctx.seq_rm(self.next_lpos, -1)

@@ -348,20 +348,7 @@ class Session:
 
         O(tokens read): cheap enough to call between events of a long prefill.
         """
-        held = self.cache.ids
-        n_sink = min(self.policy.n_sink, len(held))
-        recent = self.policy.recent_for(self.budget) if self.policy.evicts else 0
-        if self.policy.recency_only:
-            recent = len(held) - n_sink
-        return self.trace.snapshot(
-            held,
-            self.cache.next_id,
-            n_sink,
-            min(recent, len(held) - n_sink),
-            self.policy.name,
-            self.budget,
-            recalled=self.turns.recalled(),
-        )
+        return _memory_map(self)
 
     def close(self) -> None:
         self.ctx.close()
@@ -416,3 +403,21 @@ def _check(model: Model, policy: Policy, config: SessionConfig) -> None:
             f"{policy.name} reads {policy.reads}, but kvtrim does not know which layers of "
             f"{model.info.arch} see the whole cache; use streaming or full"
         )
+
+
+def _memory_map(session: Session) -> MemoryMap:
+    """``Session.memory_map``: the sinks and the recent window as the policy keeps them."""
+    held, policy = session.cache.ids, session.policy
+    n_sink = min(policy.n_sink, len(held))
+    recent = policy.recent_for(session.budget) if policy.evicts else 0
+    if policy.recency_only:
+        recent = len(held) - n_sink
+    return session.trace.snapshot(
+        held,
+        session.cache.next_id,
+        n_sink,
+        min(recent, len(held) - n_sink),
+        policy.name,
+        session.budget,
+        recalled=session.turns.recalled(),
+    )

@@ -42,14 +42,9 @@ def generate(
                 token = sample(reader.logits)
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - reader.t0
-            if model.is_eog(token):
-                reason = "eog"
-                break
-            if stop_tags and _is_stop_tag(reader, token, stop_tags):
-                reason = "stop"
-                break
-            if matcher.ends_sentence(model.piece(token).decode("utf-8", "replace")):
-                reason = "stop"  # the first sentence is complete (an answer prefix was given)
+            ended = _ends_before(reader, token, stop_tags, matcher)
+            if ended:
+                reason = ended
                 break
             if cache.n_used >= reader.sizing.capacity:
                 yield from reader.evict([])
@@ -68,9 +63,7 @@ def generate(
                 break
             if looping(token):
                 reason = "repetition"
-                if looping.repeated:  # a sentence said again: the answer ends at its first
-                    _forget_stop(reader, starts, starts[-looping.repeated][1])
-                    matcher.text = matcher.text[: starts[-looping.repeated][1]]
+                _cut_repeat(reader, starts, matcher, looping.repeated)
                 break
     finally:
         stats.decode_s = base + time.perf_counter() - start
@@ -79,6 +72,31 @@ def generate(
     if tail:
         yield Token(-1, tail, stats)
     yield Done(matcher.text, reason, stats)
+
+
+def _ends_before(
+    reader: Reader, token: int, stop_tags: set[str], matcher: StopMatcher
+) -> str | None:
+    """Why the answer ends before ``token`` is kept: ``eog`` (the model's end), ``stop``
+    (a stop tag, or the first sentence complete where an answer prefix was given)."""
+    model = reader.model
+    if model.is_eog(token):
+        return "eog"
+    if stop_tags and _is_stop_tag(reader, token, stop_tags):
+        return "stop"
+    if matcher.ends_sentence(model.piece(token).decode("utf-8", "replace")):
+        return "stop"
+    return None
+
+
+def _cut_repeat(
+    reader: Reader, starts: list[tuple[int, int]], matcher: StopMatcher, repeated: int
+) -> None:
+    """A sentence said again (``repeated`` tokens long, 0: a short loop, kept as it is):
+    the answer ends at its first saying, in the cache and in the text."""
+    if repeated:
+        _forget_stop(reader, starts, starts[-repeated][1])
+        matcher.text = matcher.text[: starts[-repeated][1]]
 
 
 def _forget_stop(reader: Reader, starts: list[tuple[int, int]], kept: int) -> None:

@@ -51,7 +51,7 @@ class Reader:
         self.max_position = config.max_position or model.info.n_ctx_train
         self.cache = KVCache(ctx, track_cells=self.reads_attention)
         self.stats = self.new_stats()
-        self.trace = self._new_trace()
+        self.trace = TokenTrace(model_piece(self.model))
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
         self.t0 = time.perf_counter()  # the request's start (for the first token's time)
@@ -67,7 +67,7 @@ class Reader:
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.policy.reset()
         self.stats = self.new_stats()
-        self.trace = self._new_trace()
+        self.trace = TokenTrace(model_piece(self.model))
         self.logits = None
         self.planned = 0
         self.sync_stats()  # a pool counts cells from the last report: now none
@@ -286,8 +286,7 @@ class Reader:
 
     def _move(self, n_ctx: int, capture: bool) -> None:
         """The sequence into a new context of ``n_ctx`` cells, reading attention or not."""
-        if self.cache.shift_pending:
-            self.apply_shifts()
+        self.cache.apply_shifts()
         new = self.ctx.resized(n_ctx, capture=capture)  # type: ignore[attr-defined]
         try:
             if self.cache.n_used:
@@ -300,15 +299,6 @@ class Reader:
         old.close()
         self.stats.n_ctx = new.n_ctx
         self.stats.swa_cells = new.swa_cells
-
-    def apply_shifts(self) -> None:
-        """llama.cpp applies position shifts at the next decode and does not save them:
-        decode one scratch token and remove it again."""
-        if not self.cache.shift_pending:
-            return
-        self.ctx.decode([0], self.cache.next_lpos, logits=False)
-        self.cache.drop_scratch()
-        self.cache.shift_pending = False
 
     # -- figures ----------------------------------------------------------
 
@@ -323,9 +313,6 @@ class Reader:
             swa_cells=self.ctx.swa_cells,
             kv_type=self.kv_type,
         )
-
-    def _new_trace(self) -> TokenTrace:
-        return TokenTrace(lambda token: self.model.piece(token, special=True))
 
     def sync_stats(self) -> None:
         """Copy the cache's counts into ``stats`` (a pool publishes them)."""
@@ -377,3 +364,8 @@ def _observation(cache: KVCache, attn: np.ndarray) -> Observation:
     if len(cols) and cols.max() >= attn.shape[1]:
         attn = np.pad(attn, ((0, 0), (0, int(cols.max()) + 1 - attn.shape[1])))
     return Observation(cache.ids.copy(), attn[:, cols])
+
+
+def model_piece(model: Model) -> Callable[[int], bytes]:
+    """A token's bytes as the trace shows them (special tokens written out)."""
+    return lambda token: model.piece(token, special=True)

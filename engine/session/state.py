@@ -240,7 +240,7 @@ def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedStat
     save_seq = getattr(reader.ctx, "save_seq", None)
     if save_seq is None:
         raise StateError("a sequence of the shared KV pool cannot be saved")
-    reader.apply_shifts()
+    reader.cache.apply_shifts()
     cache = reader.cache
     arrays = {"ids": cache.ids, "lpos": cache.lpos, "words": cache.words}
     if cache.cells is not None:
