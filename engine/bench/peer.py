@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from ..documents.load import load_document
-from ..native.cpu import resolve_repack
 from ..runtime.engine import Engine
 from ..session.prompts import chat_prompt
 from . import peer_client as pc
@@ -313,9 +312,8 @@ MEASURES: dict[str, Measure] = {
 def argv_for(cfg: PeerConfig, launch: Launch) -> Callable[[int], list[str]]:
     """The command line of ``launch`` for a port."""
     if launch.server == PEER:
-        repack = resolve_repack().repack  # the CPU path kvtrim serve takes by default
         return lambda port: peer_argv(
-            cfg.peer_binary, cfg.model, port, cfg.threads, launch, cfg.chat_template_file, repack
+            cfg.peer_binary, cfg.model, port, cfg.threads, launch, cfg.chat_template_file
         )
     return lambda port: kvtrim_argv(cfg.model, port, cfg.threads, launch)
 

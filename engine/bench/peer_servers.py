@@ -23,6 +23,7 @@ from types import TracebackType
 import httpx
 
 from ..errors import PeerError
+from ..native.cpu import resolve_repack
 
 PEER = "llama-server"
 KVTRIM = "kvtrim"
@@ -85,12 +86,15 @@ def peer_argv(
     threads: int,
     launch: Launch,
     template: str = "",
-    repack: bool = True,
+    repack: bool | None = None,
 ) -> list[str]:
     """llama-server's command line: its defaults but for the slots, context and threads,
     a log that shows its KV caches (``-lv 4``: libllama's info lines), where
     ``template`` names a file, that chat template, and ``--no-repack`` where kvtrim
-    turns repacking off too (``native.cpu.resolve_repack``: AMX CPUs crash it)."""
+    turns repacking off too (``repack`` None: kvtrim's own default decision,
+    ``native.cpu.resolve_repack``; AMX CPUs crash repacking)."""
+    if repack is None:
+        repack = resolve_repack().repack
     chat = ["--jinja", "--chat-template-file", template] if template else []
     chat += [] if repack else ["--no-repack"]
     return [

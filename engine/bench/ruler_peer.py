@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from ..native.cpu import resolve_repack
 from ..runtime.engine import Engine
 from ..session.prompts import ask_prompt, prompt_tokens
 from .peer_servers import PEER, Launch, ServerProcess, peer_argv
@@ -37,12 +36,7 @@ def prompt_ids(
 def server(binary: str, model: str, threads: int, n_ctx: int, log_path: Any) -> ServerProcess:
     """llama-server with one slot of ``n_ctx`` cells, llama.cpp's other defaults."""
     launch = Launch(server=PEER, parallel=1, ctx=n_ctx)
-    repack = resolve_repack().repack  # the CPU path kvtrim takes by default
-
-    def argv(port: int) -> list[str]:
-        return peer_argv(binary, model, port, threads, launch, repack=repack)
-
-    return ServerProcess(argv, log_path)
+    return ServerProcess(lambda port: peer_argv(binary, model, port, threads, launch), log_path)
 
 
 def complete(

@@ -266,6 +266,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_options(p, (*_GRID_OPTIONS, *_PART_OPTIONS))
 
 
+def _token_counts(budgets: list[str], mode: str, example: str) -> list[int]:
+    """``--budgets`` as cell counts, for the modes that take no fractions of a length."""
+    try:
+        return [int(b) for b in budgets]
+    except ValueError:
+        raise ConfigError(f"--budgets with {mode} takes token counts ({example})") from None
+
+
 def _override(cfg: Any, args: argparse.Namespace, *names: str, **renamed: str) -> None:
     """Set each config field to its option's value where the option is given:
     ``names`` name both, ``renamed`` maps a field to an option of another name."""
@@ -416,10 +424,7 @@ def _kvmem_config(args: argparse.Namespace) -> Any:
     cfg = kvmem.KVMemConfig.quick() if args.quick else kvmem.KVMemConfig()
     _override(cfg, args, "lengths", "depths")
     if args.budgets is not None:
-        try:
-            cfg.budgets = [int(b) for b in args.budgets]
-        except ValueError:
-            raise ConfigError("--budgets with --kv-memory takes token counts (256,1024)") from None
+        cfg.budgets = _token_counts(args.budgets, "--kv-memory", "256,1024")
     if args.parts is not None:
         cfg.parts = _known_parts(args.parts, kvmem.PARTS)
     return cfg
@@ -453,10 +458,9 @@ def _ruler_config(args: argparse.Namespace, err: TextIO = sys.stderr) -> Any:
     if args.depths is not None:  # how many, evenly spread
         cfg.depths = [round((i + 0.5) / args.depths, 3) for i in range(args.depths)]
     if (args.policies, args.budgets, args.positions) != (None, None, None):
-        try:
-            budgets = [int(b) for b in args.budgets] if args.budgets else cfg.part(1)
-        except ValueError:
-            raise ConfigError("--budgets with --ruler takes token counts (1024,4096)") from None
+        budgets = (
+            _token_counts(args.budgets, "--ruler", "1024,4096") if args.budgets else cfg.part(1)
+        )
         cfg.settings = ruler.grid(
             args.policies or cfg.part(0), budgets, args.positions or cfg.part(2)
         )
@@ -477,10 +481,7 @@ def _fidelity_config(args: argparse.Namespace) -> Any:
     cfg = fidelity.FidelityConfig.quick() if args.quick else fidelity.FidelityConfig()
     _override(cfg, args, "lengths", "policies", "positions", "seed", "docs", haystacks="parts")
     if args.budgets is not None:
-        try:
-            cfg.budgets = [int(b) for b in args.budgets]
-        except ValueError:
-            raise ConfigError("--budgets with --fidelity takes token counts (256,1024)") from None
+        cfg.budgets = _token_counts(args.budgets, "--fidelity", "256,1024")
     cfg.check()
     return cfg
 

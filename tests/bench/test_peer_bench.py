@@ -24,6 +24,7 @@ from engine.bench import peer_client as pc
 from engine.bench import peer_servers as ps
 from engine.cli.main import main
 from engine.errors import PeerError
+from engine.native.cpu import resolve_repack
 from engine.session.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,8 +237,10 @@ def test_both_servers_get_the_same_model_and_threads():
     assert opts["--model"] == "/m.gguf" and opts["--threads"] == "3"
     assert (opts["--parallel"], opts["--kv-cells"], opts["--budget"]) == ("4", "2048", "512")
     assert "--kv-cells" not in ps.kvtrim_argv("m", 1, 1, ps.Launch(ps.KVTRIM, 1))
-    assert "--no-repack" not in argv  # repacking follows kvtrim's own decision
+    assert "--no-repack" not in ps.peer_argv("b", "m", 1, 1, launch, repack=True)
     assert "--no-repack" in ps.peer_argv("b", "m", 1, 1, launch, repack=False)
+    # by default repacking follows kvtrim's own decision for this CPU
+    assert ("--no-repack" in argv) == (not resolve_repack().repack)
 
 
 def test_another_mix_of_prompt_and_output_lengths():
