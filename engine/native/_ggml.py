@@ -2,9 +2,10 @@
 eval callback, and the callback types llama.cpp calls back into.
 
 Offsets follow ``struct ggml_tensor`` in ggml.h on 64-bit platforms: ``type``
-(int32) at 0, the buffer pointer at 8, ``ne[4]`` (int64 elements) at 16 and
-``nb[4]`` (size_t bytes) at 48. Everything else goes through llama-cpp-python's
-own bindings.
+(int32) at 0, the buffer pointer at 8, ``ne[4]`` (int64 elements) at 16, ``nb[4]``
+(size_t bytes) at 48, ``op`` (int32) at 80, ``op_params`` (64 bytes) at 84 and
+``src[10]`` (pointers) at 152. Everything else goes through llama-cpp-python's own
+bindings.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ import numpy as np
 from llama_cpp import _ctypes_extensions
 
 GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
 _NE_OFFSET = 16
 _NB_OFFSET = 48
+_OP_OFFSET = 80
+_OP_PARAMS_OFFSET = 84
+_SRC_OFFSET = 152
+_N_SRC = 10
+_DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}
 
 # the same library folder llama-cpp-python loads from (it honours LLAMA_CPP_LIB_PATH)
 _libdir = pathlib.Path(
@@ -37,6 +44,10 @@ _base.ggml_backend_tensor_get.argtypes = [
     ctypes.c_size_t,
 ]
 _base.ggml_backend_tensor_get.restype = None
+_base.ggml_op_name.argtypes = [ctypes.c_int]
+_base.ggml_op_name.restype = ctypes.c_char_p
+_base.ggml_nbytes.argtypes = [ctypes.c_void_p]
+_base.ggml_nbytes.restype = ctypes.c_size_t
 
 EvalCallback = Callable[[int, bool, int | None], bool]
 """``(tensor_address, ask, user_data) -> bool``: ``ggml_backend_sched_eval_callback``."""
@@ -67,6 +78,47 @@ def tensor_strides(tensor: int) -> tuple[int, int, int, int]:
     """``nb``: strides in bytes, innermost first (ggml order)."""
     nb = (ctypes.c_size_t * 4).from_address(tensor + _NB_OFFSET)
     return (nb[0], nb[1], nb[2], nb[3])
+
+
+def tensor_op(tensor: int) -> bytes:
+    """The name of the operation that computes the tensor, e.g. ``FLASH_ATTN_EXT``."""
+    return _base.ggml_op_name(ctypes.c_int32.from_address(tensor + _OP_OFFSET).value) or b""
+
+
+def tensor_src(tensor: int, i: int) -> int:
+    """The address of the tensor's ``i``-th source (0: none)."""
+    if not 0 <= i < _N_SRC:
+        raise IndexError(i)
+    return ctypes.c_void_p.from_address(tensor + _SRC_OFFSET + 8 * i).value or 0
+
+
+def op_params_f32(tensor: int, count: int) -> tuple[float, ...]:
+    """The first ``count`` op parameters read as float32 (flash attention keeps its
+    scale, ALiBi bias and logit softcap there)."""
+    return tuple((ctypes.c_float * count).from_address(tensor + _OP_PARAMS_OFFSET))
+
+
+def read_tensor(tensor: int) -> np.ndarray:
+    """Copy an f32 or f16 tensor, view or not, as float32 in numpy order
+    ``(ne3, ne2, ne1, ne0)``: one ``ggml_backend_tensor_get`` of the bytes its
+    strides span, from whichever backend holds it, laid out by its strides."""
+    ggml_type = tensor_type(tensor)
+    dtype = _DTYPES.get(ggml_type)
+    if dtype is None:
+        raise ValueError(f"{tensor_name(tensor)}: type {ggml_type} is neither f32 nor f16")
+    ne = tensor_shape(tensor)
+    nb = tensor_strides(tensor)
+    span = int(_base.ggml_nbytes(tensor))
+    raw = np.empty(span, dtype=np.uint8)
+    if span:
+        _base.ggml_backend_tensor_get(tensor, raw.ctypes.data, 0, span)
+    view = np.lib.stride_tricks.as_strided(
+        raw.view(dtype),  # ggml's span is whole elements: strides are multiples of one
+        shape=ne[::-1],
+        strides=nb[::-1],
+        writeable=False,
+    )
+    return view.astype(np.float32)
 
 
 def read_rows(tensor: int, row0: int, row1: int) -> np.ndarray:

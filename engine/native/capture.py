@@ -1,10 +1,15 @@
 """Attention and key capture through llama.cpp's eval callback.
 
-Only the ``kq_soft_max-<layer>`` tensors of the chosen layers are observed (the
-global layers on sliding-window models, which see the whole cache), and only
-the query rows a policy asked for are copied out. Heads are reduced by their
-mean and layers by their mean, so one row is a probability distribution over
-KV cells (units: attention probability, summing to 1 per row).
+Only the chosen layers are observed (the global layers on sliding-window models,
+which see the whole cache), and only the query rows a policy asked for. Without
+flash attention they are copied from the ``kq_soft_max-<layer>`` tensors. With it
+the probabilities are never written, so they are computed from the fused node's
+own inputs (the node under ``kqv_out-<layer>``: Q, the K view of the cache, the
+mask, its scale and softcap) as ``softmax(scale * Q K^T + mask)`` per head, the
+query rounded to f16 as ggml's kernels round it; which cells a row saw is read
+from the mask. Heads are reduced by their mean and layers by their mean, so one
+row is a probability distribution over KV cells (units: attention probability,
+summing to 1 per row).
 
 Keys (for policies that score keys, such as KeyDiff) are the ``Kcur-<layer>``
 tensors of the same layers as RoPE left them, which is what the cache stores: the
@@ -23,6 +28,8 @@ import numpy as np
 from . import _ggml
 
 _PREFIX = b"kq_soft_max-"
+_FUSED = b"kqv_out-"
+_FLASH_OP = b"FLASH_ATTN_EXT"
 _KEYS = b"Kcur-"
 
 
@@ -135,6 +142,8 @@ class Capture:
         name = _ggml.tensor_name_bytes(tensor)
         if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._wanted:
             read = self._read
+        elif name.startswith(_FUSED) and self._is_fused(tensor, name):
+            read = self._read_fused
         elif self._keys and name.startswith(_KEYS) and self._is_key(tensor, name):
             read = self._read_keys
         else:
@@ -167,13 +176,63 @@ class Capture:
             norms = np.linalg.norm(keys, axis=-1, keepdims=True)
             part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
 
-    def _read(self, tensor: int) -> None:
-        _n_kv, n_rows, n_head, n_stream = _ggml.tensor_shape(tensor)
+    def _check_rows(self, n_rows: int, n_stream: int) -> None:
         if n_rows != self._n_rows or n_stream != self._n_streams:
             raise RuntimeError(
                 f"capture lost track: {n_rows} rows in {n_stream} streams, expected "
                 f"{self._n_rows} in {self._n_streams} (one ubatch per decode)"
             )
+
+    def _is_fused(self, tensor: int, name: bytes) -> bool:
+        """A wanted layer's attention output computed by flash attention."""
+        if name[len(_FUSED) :] not in self._wanted:
+            return False
+        src = _ggml.tensor_src(tensor, 0)
+        return bool(src) and _ggml.tensor_op(src) == _FLASH_OP
+
+    def _read_fused(self, tensor: int) -> None:
+        fused = _ggml.tensor_src(tensor, 0)
+        q_t, k_t, mask_t, sinks_t = (_ggml.tensor_src(fused, i) for i in (0, 1, 3, 4))
+        _head_dim, n_rows, _n_head, n_stream = _ggml.tensor_shape(q_t)
+        self._check_rows(n_rows, n_stream)
+        scale, max_bias, softcap = _ggml.op_params_f32(fused, 3)
+        if max_bias:
+            raise RuntimeError("reading attention of a model with ALiBi is not supported")
+        wanted = [p for p in self._parts if p.rows or (p.layers == 0 and p.seg.visibility)]
+        if not wanted or not mask_t:
+            return
+        mask = _ggml.read_tensor(mask_t)  # (streams, heads or 1, rows padded, n_kv)
+        q = k = sinks = None
+        if any(p.rows for p in wanted):
+            q = _ggml.read_tensor(q_t)  # (streams, heads, rows, head_dim)
+            k = _ggml.read_tensor(k_t)  # (streams, kv heads, n_kv, head_dim)
+            sinks = _ggml.read_tensor(sinks_t).reshape(-1) if sinks_t else None
+        for part in wanted:
+            seg = part.seg
+            masks = mask[seg.stream % mask.shape[0]]
+            if part.layers == 0 and seg.visibility:
+                part.visible = (masks[:, seg.start : seg.stop] > -np.inf).any(axis=0)
+            part.layers += 1
+            if not part.rows or q is None or k is None:
+                continue
+            row0 = seg.stop - part.rows
+            probs = attention(
+                q[seg.stream, :, row0 : seg.stop],
+                k[seg.stream],
+                masks[:, row0 : seg.stop],
+                scale,
+                softcap,
+                sinks,
+            )
+            tail = probs.mean(axis=0)
+            if part.attn is None:
+                part.attn = tail
+            else:
+                part.attn += tail
+
+    def _read(self, tensor: int) -> None:
+        _n_kv, n_rows, n_head, n_stream = _ggml.tensor_shape(tensor)
+        self._check_rows(n_rows, n_stream)
         starts = {}
         for part in self._parts:
             seg = part.seg
@@ -208,3 +267,39 @@ class Capture:
                 part.attn = tail
             else:
                 part.attn += tail
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    mask: np.ndarray,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    """Attention probabilities as ggml's flash attention weighs V: ``q`` (heads, rows,
+    head_dim), ``k`` (kv heads, n_kv, head_dim; query head h reads kv head
+    ``h // (heads / kv heads)``), ``mask`` (1 or heads, rows, n_kv; -inf hides a
+    cell). Returns float32 (heads, rows, n_kv), each row summing to 1 (less what
+    the optional per-head ``sinks`` logits take)."""
+    n_head, rows, head_dim = q.shape
+    n_kv_head, n_kv, _ = k.shape
+    if n_head % n_kv_head:
+        raise ValueError(f"{n_head} query heads do not share {n_kv_head} kv heads evenly")
+    q16 = q.astype(np.float16).astype(np.float32)  # ggml rounds Q to K's f16 for the dot
+    grouped = q16.reshape(n_kv_head, (n_head // n_kv_head) * rows, head_dim)
+    scores = np.matmul(grouped, k.transpose(0, 2, 1)).reshape(n_head, rows, n_kv)
+    if softcap:
+        scores = softcap * np.tanh(scores * (scale / softcap))
+    else:
+        scores *= scale
+    scores += mask[..., :n_kv]
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks.reshape(-1, 1, 1))
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.exp(scores - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += np.exp(sinks.reshape(-1, 1, 1) - top)
+    return (weights / np.maximum(total, np.finfo(np.float32).tiny)).astype(np.float32)

@@ -20,6 +20,7 @@ from llama_cpp import _internals
 from ..errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
 from . import _ggml
 from .capture import Capture, Captured, Segment
+from .cpu import one_blas_thread
 from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
 
@@ -109,6 +110,7 @@ class NativeContext:
         """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
         batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
         (a quantized V needs flash attention)."""
+        one_blas_thread()
         self.model = model
         self.cancel_event = cancel_event or threading.Event()
         self.settings = {

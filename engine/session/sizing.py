@@ -46,7 +46,7 @@ class OwnContext:
             n_batch=n_batch,
             n_threads=n_threads,
             capture=capture,
-            flash_attn=cache.flash_attn,
+            flash_attn=cache.flash_alone(),
             swa_full=cache.swa_full,
             type_k=cache.type_k,
             type_v=cache.type_v,

@@ -235,7 +235,11 @@ def test_needs_decide_capture_and_flash_attention_in_one_place():
     from engine.policies import needs_of
 
     snap, none, keys = POLICIES["snapkv"].needs(), POLICIES["streaming"].needs(), _ReadsKeys.needs()
-    assert snap.cache().flash_attn is False and snap.cell_map and not snap.history
+    assert snap.cache().flash_attn is None and snap.cell_map and not snap.history  # llama.cpp's
+    assert snap.cache().flash_alone() is False  # a session's own context: off (kvmemory.py)
+    assert snap.cache(flash_attn="on").flash_alone() is True
+    assert none.cache().flash_alone() is None
+    assert snap.cache(kv_type="q8_0").flash_attn is False  # a quantized K: probabilities read
     assert keys.cache().flash_attn is None and not keys.cell_map and keys.history  # llama.cpp's
     assert none.cache(kv_type="q8_0").flash_attn is True and not none.hooked
     assert POLICIES["h2o"].needs().history  # every row adds to its sums
@@ -243,7 +247,7 @@ def test_needs_decide_capture_and_flash_attention_in_one_place():
     assert every.attention and every.history and every == needs_of(list(POLICIES))
     assert (keys | snap).flags() == (True, True, True)
     with pytest.raises(ConfigError, match="flash attention off"):
-        snap.cache(flash_attn="on")
+        snap.cache(flash_attn="on", kv_type="q4_0")
 
 
 def test_the_loop_guard_stops_a_sentence_said_again_and_keeps_its_first_round():
@@ -281,7 +285,9 @@ def test_with_an_answer_prefix_the_answer_ends_after_its_first_sentence():
 
     assert run([" 6", "8", "1", "4", "2", ".", " Remember", " it."]) == (" 68142.", True)
     assert run([" Hiroko", " Iwasaki", ",", " the", " lead", ".\n", "The"]) == (
-        " Hiroko Iwasaki, the lead.\n", True)  # the token is kept whole, as the cache keeps it
+        " Hiroko Iwasaki, the lead.\n",
+        True,
+    )  # the token is kept whole, as the cache keeps it
     assert run([" 3", ".", "14", " is", " pi"]) == (" 3.14 is pi", False)
     assert run([" 1", ".", " Open", " it", ".", " 2", "."]) == (" 1. Open it.", True)
     assert run([' "KQ7-4MX."', " Then"]) == (' "KQ7-4MX."', True)

@@ -384,8 +384,11 @@ def test_cache_settings_are_decided_once():
     reads = CacheSettings.decide(reads_attention=True, kv_type="q8_0")
     assert (reads.flash_attn, reads.type_k, reads.type_v) == (False, q8, f16)
     assert CacheSettings.decide(reads_attention=False, window_layers_unknown=True).swa_full
-    with pytest.raises(ConfigError, match="needs flash attention off"):
-        CacheSettings.decide(reads_attention=True, flash_attn="on")
+    with pytest.raises(ConfigError, match="q8_0 K cache needs flash attention off"):
+        CacheSettings.decide(reads_attention=True, kv_type="q8_0", flash_attn="on")
+    # over an f16 cache attention is read with flash attention on or off (capture.py)
+    assert CacheSettings.decide(reads_attention=True).flash_attn is None
+    assert CacheSettings.decide(reads_attention=True, flash_attn="on").flash_attn is True
     # a pool that reads attention runs sessions that do not, unless their cache differs
     pool = CacheSettings.decide(reads_attention=True)
     assert pool.refusal(CacheSettings.decide(reads_attention=False)) is None
