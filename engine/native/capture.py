@@ -141,8 +141,12 @@ class Capture:
             return not ask
         name = _ggml.tensor_name_bytes(tensor)
         if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._wanted:
+            if not self._attention_wanted():
+                return not ask
             read = self._read
         elif name.startswith(_FUSED) and self._is_fused(tensor, name):
+            if not self._attention_wanted():
+                return not ask
             read = self._read_fused
         elif self._keys and name.startswith(_KEYS) and self._is_key(tensor, name):
             read = self._read_keys
@@ -175,6 +179,12 @@ class Capture:
             keys = _ggml.read_keys(tensor, row0, row0 + seg.stop - seg.start)
             norms = np.linalg.norm(keys, axis=-1, keepdims=True)
             part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
+
+    def _attention_wanted(self) -> bool:
+        """Whether a layer's attention is still wanted: rows to add up, or the cells
+        the rows saw, which the first layer read gives (each asked node splits
+        llama.cpp's graph compute in two)."""
+        return any(p.rows or (p.seg.visibility and p.layers == 0) for p in self._parts)
 
     def _check_rows(self, n_rows: int, n_stream: int) -> None:
         if n_rows != self._n_rows or n_stream != self._n_streams:

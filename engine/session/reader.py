@@ -55,6 +55,7 @@ class Reader:
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
         self.t0 = time.perf_counter()  # the request's start (for the first token's time)
+        self.observing = True  # attention rows read at each decode (see ``capture``)
         self.checkpoint: Callable[[str], None] | None = None
         """Called at "read" (a prompt's text is in, before its question) and "answer"
         (before the first token of an answer): where a caller may save the cache."""
@@ -89,9 +90,12 @@ class Reader:
         fits whole never evicts: without the capture llama.cpp reuses its graphs and
         calls no Python per graph node). Turned on with tokens held, the sequence moves
         to a capturing context; nothing was removed from the middle while it was off,
-        so its cells hold its positions in order (``KVCache.rebind``)."""
+        so its cells hold its positions in order (``KVCache.rebind``). In a pool's
+        shared context the callback stays (other sequences read through it): off, the
+        decodes read only which cells they see (the cell map), no attention rows."""
         if self.needs.hooked and self.sizing.grows and on != self.capturing:
             self._move(self.ctx.n_ctx, on)
+        self.observing = on
 
     def answering(self, stops: tuple[str, ...]) -> None:
         """An answer begins (with ``stops``): the "answer" checkpoint."""
@@ -180,6 +184,7 @@ class Reader:
                     self.policy.observe(Keys(ids, got.keys))
         else:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
+            rows = rows if self.observing else 0
             got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
             assert self.cache.cells is not None and got.visible is not None
             with self.ctx.busy():
