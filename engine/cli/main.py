@@ -107,7 +107,8 @@ def _request_options() -> list[Option]:
             "evicted passages that best match it, as follow-ups do (default: "
             f"{'on' if default.recall_first else 'off'})"}),
         (("--flash-attn",), {"choices": ["auto", "on", "off"], "default": default.flash_attn,
-            "help": "flash attention (policies that read attention always run without it)"}),
+            "help": "flash attention (auto: llama.cpp's choice, but off for a policy that "
+            "reads attention in a session's own context)"}),
         *types.KV_OPTIONS,
         (("--answer-prefix",), {"default": default.answer_prefix, "metavar": "TEXT",
             "help": "text the answer starts with (helps base models: 'The pass key is')"}),

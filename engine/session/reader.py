@@ -55,7 +55,7 @@ class Reader:
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
         self.t0 = time.perf_counter()  # the request's start (for the first token's time)
-        self.observing = True  # attention rows read at each decode (see ``capture``)
+        self.observing = True  # attention rows read at each decode (``capture``)
         self.checkpoint: Callable[[str], None] | None = None
         """Called at "read" (a prompt's text is in, before its question) and "answer"
         (before the first token of an answer): where a caller may save the cache."""
@@ -75,9 +75,7 @@ class Reader:
 
     @property
     def capturing(self) -> bool:
-        """Whether decodes read what the policy reads now: it reads something and the
-        context captures it (a lone session reads a job that fits whole without: see
-        ``capture``)."""
+        """Whether the context captures what the policy reads now (see ``capture``)."""
         return self.needs.hooked and getattr(self.ctx, "capture", True) is not None
 
     @property
@@ -86,13 +84,10 @@ class Reader:
         return self.needs.attention and self.capturing
 
     def capture(self, on: bool) -> None:
-        """Read what the policy reads from now on, or not (a lone session's job that
-        fits whole never evicts: without the capture llama.cpp reuses its graphs and
-        calls no Python per graph node). Turned on with tokens held, the sequence moves
-        to a capturing context; nothing was removed from the middle while it was off,
-        so its cells hold its positions in order (``KVCache.rebind``). In a pool's
-        shared context the callback stays (other sequences read through it): off, the
-        decodes read only which cells they see (the cell map), no attention rows."""
+        """Read what the policy reads from now on, or not (a job that fits whole never
+        evicts). A lone session moves to a context with or without the capture (its
+        cells in position order: ``KVCache.rebind``); a pool keeps the callback, and
+        off, decodes read only the cells they see (the cell map), no rows."""
         if self.needs.hooked and self.sizing.grows and on != self.capturing:
             self._move(self.ctx.n_ctx, on)
         self.observing = on
