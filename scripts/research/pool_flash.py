@@ -17,7 +17,6 @@ import argparse
 import functools
 import random
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers.docs_for_tests import prose  # noqa: E402
+from helpers.together import run_together  # noqa: E402
 
 from engine import Engine  # noqa: E402
 from engine.bench import fidelity_docs as fd  # noqa: E402
@@ -80,14 +80,7 @@ def run(engine: Engine, docs: list[Item], flash: str, budget: int) -> list[bool]
                 answer = s.collect(s.ask(text, question, answer_prefix=prefix, max_tokens=16))
                 found[i] = judged(answer.text)
 
-        threads = [threading.Thread(target=job, args=(i,)) for i in group]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            pool.close()
+        run_together(job, group, pool)
     return found
 
 

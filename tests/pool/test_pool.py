@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.docs_for_tests import prose
 from helpers.margins import check
+from helpers.together import run_together
 
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
 from engine.native.model import log as llama_log
@@ -66,14 +67,7 @@ def test_needles_found_together_are_the_ones_found_alone(engine, layout):
             evicted[i] = s.stats.evicted_tokens
             assert s.stats.cells_peak <= s.ctx.n_ctx  # inside its share
 
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        pool.close()
+    run_together(job, range(3), pool)
     for key, one, many in zip(KEYS, alone, together, strict=True):
         assert str(key) in one and str(key) in many, (key, one, many)
     assert evicted[1] > 0 and evicted[2] == 0  # the long one evicts, the shortest fits

@@ -6,11 +6,10 @@ pool and the server. Short documents: the model reads about 200 tokens/s here.""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
 from helpers.docs_for_tests import passkey_document
+from helpers.together import run_together
 
 from engine import Engine, Session
 from engine.native.embedded import EMBEDDED, resolve
@@ -104,14 +103,7 @@ def test_two_sequences_of_one_pool_each_find_their_own_key(smol):
         with pool.open(make_policy("snapkv"), SessionConfig(256), n) as s:
             got[i] = _ask(s, docs[i])
 
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        pool.close()
+    run_together(job, range(2), pool)
     assert str(KEY) in got[0] and "90127" in got[1], got
 
 
