@@ -78,6 +78,16 @@ class _Part:
         self.layers = 0
         self.keys: dict[bytes, np.ndarray] = {}  # by layer: the last key node read wins
 
+    @property
+    def sees(self) -> bool:
+        """Which cells its rows saw is still to be read (the first layer read gives it)."""
+        return self.seg.visibility and self.layers == 0
+
+    @property
+    def wants_attention(self) -> bool:
+        """A layer's attention is still wanted: rows to add up, or what the rows saw."""
+        return bool(self.rows) or self.sees
+
 
 class Capture:
     """The eval callback's state: armed before each decode, read after it.
@@ -181,10 +191,9 @@ class Capture:
             part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
 
     def _attention_wanted(self) -> bool:
-        """Whether a layer's attention is still wanted: rows to add up, or the cells
-        the rows saw, which the first layer read gives (each asked node splits
+        """Whether some segment still wants a layer's attention (each asked node splits
         llama.cpp's graph compute in two)."""
-        return any(p.rows or (p.seg.visibility and p.layers == 0) for p in self._parts)
+        return any(p.wants_attention for p in self._parts)
 
     def _check_rows(self, n_rows: int, n_stream: int) -> None:
         if n_rows != self._n_rows or n_stream != self._n_streams:
@@ -208,7 +217,7 @@ class Capture:
         scale, max_bias, softcap = _ggml.op_params_f32(fused, 3)
         if max_bias:
             raise RuntimeError("reading attention of a model with ALiBi is not supported")
-        wanted = [p for p in self._parts if p.rows or (p.layers == 0 and p.seg.visibility)]
+        wanted = [p for p in self._parts if p.wants_attention]
         if not wanted or not mask_t:
             return
         mask = _ggml.read_tensor(mask_t)  # (streams, heads or 1, rows padded, n_kv)
@@ -220,7 +229,7 @@ class Capture:
         for part in wanted:
             seg = part.seg
             masks = mask[seg.stream % mask.shape[0]]
-            if part.layers == 0 and seg.visibility:
+            if part.sees:
                 part.visible = (masks[:, seg.start : seg.stop] > -np.inf).any(axis=0)
             part.layers += 1
             if not part.rows or q is None or k is None:
@@ -246,9 +255,8 @@ class Capture:
         starts = {}
         for part in self._parts:
             seg = part.seg
-            need_all = part.layers == 0 and seg.visibility
-            if need_all or part.rows:
-                starts[id(part)] = seg.start if need_all else seg.stop - part.rows
+            if part.wants_attention:
+                starts[id(part)] = seg.start if part.sees else seg.stop - part.rows
         # one stream: each segment's own rows; several: the same rows of every
         # stream at once, each segment then takes its stream's heads
         shared = None
@@ -259,7 +267,6 @@ class Capture:
             seg = part.seg
             if id(part) not in starts:
                 continue
-            need_all = part.layers == 0 and seg.visibility
             row0 = starts[id(part)]
             if shared is None:
                 probs = _ggml.read_rows(tensor, row0, seg.stop)  # (heads, rows, n_kv)
@@ -267,7 +274,7 @@ class Capture:
                 at, block = shared
                 heads = block[seg.stream * n_head : (seg.stream + 1) * n_head]
                 probs = heads[:, row0 - at : seg.stop - at, :]
-            if need_all:
+            if part.sees:
                 part.visible = (probs > 0).any(axis=0)
             part.layers += 1
             if not part.rows:
