@@ -88,6 +88,13 @@ class _Part:
         """A layer's attention is still wanted: rows to add up, or what the rows saw."""
         return bool(self.rows) or self.sees
 
+    def add(self, rows: np.ndarray) -> None:
+        """Add one layer's head-mean rows (``take`` divides by the layers read)."""
+        if self.attn is None:
+            self.attn = rows
+        else:
+            self.attn += rows
+
 
 class Capture:
     """The eval callback's state: armed before each decode, read after it.
@@ -243,11 +250,7 @@ class Capture:
                 softcap,
                 sinks,
             )
-            tail = probs.mean(axis=0)
-            if part.attn is None:
-                part.attn = tail
-            else:
-                part.attn += tail
+            part.add(probs.mean(axis=0))
 
     def _read(self, tensor: int) -> None:
         _n_kv, n_rows, n_head, n_stream = _ggml.tensor_shape(tensor)
@@ -279,11 +282,7 @@ class Capture:
             part.layers += 1
             if not part.rows:
                 continue
-            tail = probs[:, probs.shape[1] - part.rows :, :].mean(axis=0)
-            if part.attn is None:
-                part.attn = tail
-            else:
-                part.attn += tail
+            part.add(probs[:, probs.shape[1] - part.rows :, :].mean(axis=0))
 
 
 def attention(
