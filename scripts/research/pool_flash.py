@@ -91,9 +91,10 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--fidelity", action="store_true", help="the fidelity benchmark's items")
+    p.add_argument("--model", default=None, help="a model name or path (default: the default)")
     p.add_argument("--length", type=int, default=2048, help="with --fidelity: tokens")
     args = p.parse_args()
-    with Engine() as engine:
+    with Engine(args.model) as engine:
         if args.fidelity:
             docs = fidelity_items(engine, args.items, args.length)
         else:
