@@ -65,8 +65,8 @@ def _context_params(
             if flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
-    if capture is not None:  # flash attention is the caller's (CacheSettings): off to
-        # read attention (the probabilities exist only without it), any to read keys
+    if capture is not None:  # flash attention is the caller's (CacheSettings): the
+        # capture reads attention with it on (the fused node's inputs) or off
         params.cb_eval = capture.c_callback
         params.cb_eval_user_data = None
     params.abort_callback = abort_callback
@@ -297,12 +297,15 @@ class NativeContext:
         self._check_seq(seq)
         return int(llama_cpp.llama_memory_seq_pos_max(self._ctx.memory, seq))
 
-    def resized(self, n_ctx: int, *, capture: bool = True) -> NativeContext:
+    def resized(
+        self, n_ctx: int, *, capture: bool = True, flash_attn: bool | None
+    ) -> NativeContext:
         """A new, empty context of ``n_ctx`` cells with the same settings (and the same
-        cancel event, so a cancel during the swap is not lost); ``capture=False``:
-        without the eval callback (no attention to read: llama.cpp then reuses its
-        graphs and calls no Python per graph node)."""
+        cancel event, so a cancel during the swap is not lost) but ``flash_attn``;
+        ``capture=False``: without the eval callback (no attention to read: llama.cpp
+        then reuses its graphs and calls no Python per graph node)."""
         settings = {**self.settings, "capture": self.attention if capture else None}
+        settings["flash_attn"] = flash_attn
         new = NativeContext(self.model, n_ctx=n_ctx, **settings)  # type: ignore[arg-type]
         new.attention = self.attention
         return new

@@ -383,7 +383,7 @@ def _reader(model: Model, policy: Policy, config: SessionConfig, sizing: OwnCont
     if type_name(cache.type_v) != kv_type:
         kv_type = f"{kv_type}/{type_name(cache.type_v)}"  # K/V
     layout = info.kv_layout(cache.type_k, cache.type_v)
-    return Reader(model, policy, config, sizing, ctx, layout, kv_type)
+    return Reader(model, policy, config, sizing, ctx, layout, kv_type, cache)
 
 
 def _check(model: Model, policy: Policy, config: SessionConfig) -> None:

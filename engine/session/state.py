@@ -262,6 +262,7 @@ def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedStat
         "next_lpos": cache.next_lpos,
         "evicted": cache.evicted,
         "compactions": cache.compactions,
+        "flash_attn": reader.flash,  # the V cache's layout its KV cells are in
         "word": [cache._word, cache._word_len, cache._joins],
         "document_first_id": turns.document[0] if turns.document is not None else None,
         "segments": segments,
@@ -311,6 +312,8 @@ def _restore(session: Session, state: SavedState) -> None:
     if not (len(lpos) == len(words) == n) or n > session.n_ctx_max:
         raise StateError(f"the saved cache holds {n:,} tokens, more than this budget's cells")
     reader.capture(True)
+    # saved before flash_attn was kept: from a context made with flash_alone's
+    reader.expect_flash(meta.get("flash_attn", reader.settings.flash_alone()))
     reader.reserve(n, shrink=True)
     if n:
         with collected_log() as lines:  # llama.cpp's complaint becomes the reason

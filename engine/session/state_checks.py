@@ -73,6 +73,8 @@ def _check(
         raise DamagedStateError("its word state is not three numbers")
     _count(meta, "evicted", MAX_IDS)
     _count(meta, "compactions", MAX_IDS)
+    if type(meta.get("flash_attn")) not in (bool, type(None)):
+        raise DamagedStateError("its flash attention is not on, off or llama.cpp's")
     next_lpos = _count(meta, "next_lpos", max_position)
     ids, lpos, words = (_ints(a, k) for k in ("ids", "lpos", "words"))
     n = len(ids)

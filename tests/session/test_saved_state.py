@@ -70,6 +70,36 @@ def test_a_restored_session_answers_token_for_token_as_the_one_it_came_from(
         assert np.array_equal(r1, r2)
 
 
+def test_flash_attention_follows_the_cache_and_a_saved_cache_keeps_its_own(engine, tmp_path):
+    """A job that fits whole reads no attention, so its context takes llama.cpp's flash
+    attention (on); one that evicts reads it with flash attention off. A cache holding
+    cells keeps its context's (the V cells' layout differs), and a saved cache comes
+    back in a context like the one it was saved from, or is refused in one line."""
+    with _asked(engine, "snapkv", 4096) as live:  # fits whole
+        assert not live.reader.capturing and live.reader.flash is None
+        Session.collect(live.follow_up(FOLLOW_UP, max_tokens=4))  # reads, keeps its cells
+        assert live.reader.capturing and live.reader.flash is None
+        saved = live.snapshot()
+        assert saved.meta["flash_attn"] is None
+        live.restore(saved)
+        want = _answer(live)
+    with engine.session("snapkv", 4096) as back:
+        assert back.reader.flash is False  # a new session is ready to read: off
+        back.restore(saved)
+        assert back.reader.flash is None and _answer(back) == want
+        with pytest.raises(StateError, match=r"damaged.*flash attention"):
+            back.restore(replace(saved, meta={**saved.meta, "flash_attn": "on"}))
+    with _asked(engine, "snapkv", 256) as evicts:
+        assert evicts.reader.capturing and evicts.reader.flash is False
+        old = evicts.snapshot()
+    del old.meta["flash_attn"]  # saved before the key: in flash_alone's context
+    with engine.session("snapkv", 256) as s:
+        Session.collect(s.ask("A short note: the code is 5.", "What is the code?", max_tokens=2))
+        assert s.reader.flash is None  # fitted whole
+        s.restore(old)
+        assert s.reader.flash is False and s.can_follow_up
+
+
 def test_what_was_read_comes_back_in_the_memory_map(engine, tmp_path):
     with _asked(engine, "snapkv", 256) as live:
         before = live.memory_map()
