@@ -298,10 +298,16 @@ class Session:
             if name == "document" and tokens:
                 self.turns.document = (r.trace.n_ids, list(tokens))
             r.trace.add(name, text, tokens)
+        gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
+        if n_tokens <= self.capacity and r.checkpoint is None:
+            # nothing is evicted, so the question votes on nothing: one read, no step of
+            # its own (in a pool, a batch less to wait for before the first token)
+            yield from r.feed([*head, *tail], logits=True)
+            yield from self.generate(**gen)  # type: ignore[arg-type]
+            return
         yield from r.feed(head, observe=tail, logits=False)
         if r.checkpoint is not None:  # the text is in, the question not yet
             r.checkpoint("read")
-        gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
         if question and self.config.recall_first and r.cache.evicted:
             # what the read evicted that matches the question comes back, as in a follow-up
             yield from self.turns.reask(tail, question, restart_clock=False, **gen)

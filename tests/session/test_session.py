@@ -59,19 +59,19 @@ def test_passkey_question_aware_snapkv_beats_streaming(engine):
     assert sum(snap) >= sum(stream) + 3
 
 
-def _plain_llama_greedy(engine, head: list[int], tail: list[int], n: int, flash: bool) -> str:
-    """Plain llama-cpp-python, batched as the session batches (prompt, then suffix):
-    llama.cpp's CPU kernels round differently for other batch sizes."""
+def _plain_llama_greedy(engine, prompt: list[int], n: int, flash: bool, batch: int) -> str:
+    """Plain llama-cpp-python, batched as the session batches (the prompt in chunks of
+    ``batch`` tokens): llama.cpp's CPU kernels round differently for other batch sizes."""
     llm = reference_llama(
         engine.model.info.path,
         n_ctx=1024,
-        n_batch=len(head),
-        n_ubatch=len(head),
+        n_batch=batch,
+        n_ubatch=batch,
         verbose=False,
         flash_attn=flash,
     )
     try:
-        out = llm.create_completion(head + tail, max_tokens=n, temperature=0.0, top_k=1)
+        out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
         return out["choices"][0]["text"]
     finally:
         llm.close()
@@ -83,6 +83,7 @@ def test_budget_larger_than_input_matches_plain_llama_cpp(engine, policy):
     with engine.session(policy, 1024) as s:
         result = Session.collect(s.run(prompt, max_tokens=16))
         assert result.stats.evicted_tokens == 0
+        batch = s.ctx.n_batch  # a job that fits whole is read in one go: text, question
     head = engine.model.tokenize(prompt.prefix, add_bos=True) + engine.model.tokenize(
         prompt.document
     )
@@ -91,7 +92,7 @@ def test_budget_larger_than_input_matches_plain_llama_cpp(engine, policy):
     # a policy that keeps every decode's attention (history) reads it, with it off
     needs = POLICIES[policy].needs()
     flash = not (needs.attention and needs.history)
-    expected = _plain_llama_greedy(engine, head, tail, 16, flash)
+    expected = _plain_llama_greedy(engine, head + tail, 16, flash, batch)
     assert result.text == expected
 
 
