@@ -74,6 +74,11 @@ class PooledSequence(SequenceContext, Protocol):
     stats: KVStats | None
 
     @property
+    def floor(self) -> int:
+        """Cells the pool never shrinks its share under (while ``least`` stays)."""
+        ...
+
+    @property
     def cache_settings(self) -> CacheSettings:
         """The pool's K/V types, flash attention and sliding-window cache."""
         ...

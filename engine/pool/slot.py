@@ -81,6 +81,11 @@ class Slot:
         return Want(self.want, self.evicts, self.least)
 
     @property
+    def floor(self) -> int:
+        """Cells the pool never shrinks this share under (``shares.Want.floor``)."""
+        return self.claim.floor
+
+    @property
     def cells_used(self) -> int:
         """Cells its session last reported holding (0 before its first report)."""
         return self.stats.cells_used if self.stats else 0

@@ -299,7 +299,7 @@ class Session:
                 self.turns.document = (r.trace.n_ids, list(tokens))
             r.trace.add(name, text, tokens)
         gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
-        if n_tokens <= self.capacity and r.checkpoint is None:
+        if r.checkpoint is None and r.sizing.keeps(n_tokens):
             # nothing is evicted, so the question votes on nothing: one read, no step of
             # its own (in a pool, a batch less to wait for before the first token)
             yield from r.feed([*head, *tail], logits=True)

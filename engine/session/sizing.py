@@ -59,6 +59,11 @@ class OwnContext:
         evicts = self.policy.evicts
         return self.budget_tokens + self.chunk_tokens if evicts else self.budget_tokens
 
+    def keeps(self, n_tokens: int) -> bool:
+        """Whether a job of ``n_tokens`` (prompt and answer) fits whole and keeps its
+        cells to the end: it is then read without evicting anything."""
+        return n_tokens <= self.capacity
+
     @property
     def n_ctx_max(self) -> int:
         """Cells this session may ever hold (the question's scratch included)."""
@@ -115,6 +120,12 @@ class PoolShare(OwnContext):
     @property
     def capacity(self) -> int:
         return min(super().capacity, self._share())  # the question's cells: see limits
+
+    def keeps(self, n_tokens: int) -> bool:
+        """As a lone session's, and the pool cannot shrink the share under the job
+        when others come (``PooledSequence.floor``)."""
+        assert self.slot is not None
+        return super().keeps(n_tokens) and n_tokens <= self.slot.floor
 
     @property
     def budget(self) -> int:

@@ -36,3 +36,22 @@ def test_a_pool_share_bounds_the_session_and_follows_the_pool():
     assert slot.least == 64 + policy.protected(1024) + 1 + MIN_CHUNK
     share.report("stats")
     assert slot.stats == "stats" and not share.grows and share.follows_share
+
+
+def test_a_job_is_read_whole_only_where_its_cells_stay_its_own():
+    """``keeps``: a lone session keeps what fits its capacity; in a pool, a job read in
+    one go must also sit under the share's floor, which others coming never cut."""
+    from engine.pool.slot import Slot
+
+    policy = make_policy("snapkv")
+    lone = OwnContext(policy, 512, 256)
+    assert lone.keeps(lone.capacity) and not lone.keeps(lone.capacity + 1)
+    slot = SimpleNamespace(n_ctx=2048, least=0, floor=222)
+    share = PoolShare(policy, 1024, 256, slot=slot)
+    assert share.keeps(206) and share.keeps(222) and not share.keeps(223)
+    # the pool's own floor: a job wanting at most MIN_SHARE cells keeps all it wants
+    real = Slot.__new__(Slot)
+    real.want, real.evicts, real.least = 222, True, 0
+    assert real.floor == 222
+    real.want = 900
+    assert real.floor == 320  # MIN_SHARE: a longer job may be shrunk to it, so it evicts
