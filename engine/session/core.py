@@ -81,11 +81,8 @@ class Session:
         self.config = config = config or SessionConfig()
         budget, chunk = config.budget_tokens, config.chunk()
         _check(model, policy, config)
-        self.sizing = (
-            OwnContext(policy, budget, chunk)
-            if slot is None
-            else PoolShare(policy, budget, chunk, slot=slot)
-        )
+        args = (policy, budget, chunk)
+        self.sizing = OwnContext(*args) if slot is None else PoolShare(*args, slot=slot)
         self.reader = _reader(model, policy, config, self.sizing)
         self.turns = FollowUps(self.reader)
 
@@ -124,8 +121,7 @@ class Session:
 
     @property
     def can_follow_up(self) -> bool:
-        """Whether a turn ended here (an answer, whole or stopped), so ``follow_up``
-        can continue; False before the first read ends or after it was cancelled."""
+        """Whether a turn (an answer, whole or stopped) ended here, not cancelled."""
         return self.reader.logits is not None
 
     # -- public API -------------------------------------------------------
@@ -299,9 +295,8 @@ class Session:
                 self.turns.document = (r.trace.n_ids, list(tokens))
             r.trace.add(name, text, tokens)
         gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
-        if r.checkpoint is None and r.sizing.keeps(n_tokens):
-            # nothing is evicted, so the question votes on nothing: one read, no step of
-            # its own (in a pool, a batch less to wait for before the first token)
+        if r.checkpoint is None and r.sizing.keeps(n_tokens):  # nothing is evicted, so
+            # the question votes on nothing: one read (in a pool, a batch less to wait for)
             yield from r.feed([*head, *tail], logits=True)
             yield from self.generate(**gen)  # type: ignore[arg-type]
             return

@@ -16,10 +16,11 @@ from ..errors import ConfigError, ContextOverflowError
 from ..kv.cache import KVCache
 from ..kv.context import SequenceContext
 from ..native.capture import Captured, Segment
-from ..native.kvmemory import CacheSettings, KVLayout, pad
+from ..native.kvmemory import CacheSettings, KVLayout
 from ..native.model import Model
 from ..policies import Keys, Observation, Policy
 from ..stats import Event, Evicted, KVStats, Progress
+from . import moves
 from .config import SessionConfig
 from .sizing import OwnContext
 from .trace import TokenTrace
@@ -97,23 +98,20 @@ class Reader:
         ``CacheSettings.flash_alone`` with it. A cache holding cells keeps its context's
         (the V cache's layout differs with flash attention on and off)."""
         if self.needs.hooked and self.sizing.grows and on != self.capturing:
-            flash = self.flash if self.cache.n_used else self._flash_for(on)
-            self._move(self.ctx.n_ctx, on, flash)
+            flash = self.flash if self.cache.n_used else moves.flash_for(self.settings, on)
+            moves.move(self, self.ctx.n_ctx, on, flash)
         self.observing = on
 
     @property
     def flash(self) -> bool | None:
         """The flash attention option the context was made with (None: llama.cpp's)."""
-        return getattr(self.ctx, "settings", {}).get("flash_attn")
-
-    def _flash_for(self, capture: bool) -> bool | None:
-        return self.settings.flash_alone() if capture else self.settings.flash_attn
+        return moves.flash_of(self.ctx)
 
     def expect_flash(self, flash: bool | None) -> None:
         """Before a saved cache is loaded into this empty one: a context with the
         flash attention it was saved with (their V layouts must match)."""
         if self.sizing.grows and flash != self.flash and not self.cache.n_used:
-            self._move(self.ctx.n_ctx, self.capturing, flash)
+            moves.move(self, self.ctx.n_ctx, self.capturing, flash)
 
     def answering(self, stops: tuple[str, ...]) -> None:
         """An answer begins (with ``stops``): the "answer" checkpoint."""
@@ -289,40 +287,11 @@ class Reader:
         attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
         return _observation(self.cache, attn)
 
-    # -- the context's size -----------------------------------------------
+    # -- the context's size ----------------------------------------------
 
     def reserve(self, n_more: int, *, shrink: bool = False) -> None:
-        """Make the cache big enough for ``n_more`` tokens after those held, up to
-        ``n_ctx_max`` (past it the policy evicts). ``shrink``: an empty cache may also
-        get smaller (a new, shorter document). A pool's share does not grow."""
-        if not self.sizing.grows:
-            return
-        used = self.cache.n_used
-        want = min(self.sizing.n_ctx_max, max(pad(used + n_more), pad(self.ctx.n_batch)))
-        if want > self.ctx.n_ctx or (shrink and want < self.ctx.n_ctx and not used):
-            self._resize(want)
-
-    def _resize(self, n_ctx: int) -> None:
-        """Move the sequence into a new context of ``n_ctx`` cells (llama.cpp cannot
-        resize a cache in place); the cells keep their order (see KVCache.rebind)."""
-        self._move(n_ctx, self.capturing, self.flash)
-
-    def _move(self, n_ctx: int, capture: bool, flash: bool | None) -> None:
-        """The sequence into a new context of ``n_ctx`` cells, reading attention or not,
-        with flash attention ``flash``."""
-        self.cache.apply_shifts()
-        new = self.ctx.resized(n_ctx, capture=capture, flash_attn=flash)  # type: ignore[attr-defined]
-        try:
-            if self.cache.n_used:
-                new.load_seq(self.ctx.save_seq())  # type: ignore[attr-defined]
-        except BaseException:
-            new.close()
-            raise
-        old, self.ctx = self.ctx, new
-        self.cache.rebind(new, track_cells=capture and self.needs.cell_map)
-        old.close()
-        self.stats.n_ctx = new.n_ctx
-        self.stats.swa_cells = new.swa_cells
+        """Room for ``n_more`` tokens after those held (see ``moves.reserve``)."""
+        moves.reserve(self, n_more, shrink=shrink)
 
     # -- figures ----------------------------------------------------------
 

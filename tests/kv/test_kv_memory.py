@@ -19,6 +19,7 @@ from engine.native.cpu import reference_llama
 from engine.native.kvmemory import pad, swa_cells
 from engine.native.model import log as llama_log
 from engine.policies.base import KeepSet
+from engine.session import moves
 
 MiB = 2**20
 LAYER = 2 * 256 * 2  # K and V, 256 values each, f16: bytes per layer per cell
@@ -173,7 +174,7 @@ def test_a_pending_shift_survives_the_move(engine):
             s.cache.compact()
             assert s.cache.shift_pending
             if move:
-                s.reader._resize(s.ctx.n_ctx + 256)
+                moves.move(s.reader, s.ctx.n_ctx + 256, s.reader.capturing, s.reader.flash)
             out.append(_teacher_forced(s, [cont]))
     assert np.array_equal(out[0].argmax(axis=1), out[1].argmax(axis=1))
     check("max abs logit difference, moved vs not", np.abs(out[0] - out[1]).max(), "<", 1e-2)
