@@ -107,11 +107,15 @@ class Reader:
         """The flash attention option the context was made with (None: llama.cpp's)."""
         return moves.flash_of(self.ctx)
 
-    def expect_flash(self, flash: bool | None) -> None:
-        """Before a saved cache is loaded into this empty one: a context with the
-        flash attention it was saved with (their V layouts must match)."""
-        if self.sizing.grows and flash != self.flash and not self.cache.n_used:
-            moves.move(self, self.ctx.n_ctx, self.capturing, flash)
+    def restoring(self, flash: bool | None) -> None:
+        """Before a saved cache is loaded into this empty one: read what the policy
+        reads (as ``capture(True)``), in a context with the flash attention the cache
+        was saved with (their V layouts must match); one move at most."""
+        hooked = self.needs.hooked
+        stale = flash != self.flash or hooked != self.capturing
+        if self.sizing.grows and stale and not self.cache.n_used:
+            moves.move(self, self.ctx.n_ctx, hooked, flash)
+        self.observing = True
 
     def answering(self, stops: tuple[str, ...]) -> None:
         """An answer begins (with ``stops``): the "answer" checkpoint."""

@@ -311,9 +311,8 @@ def _restore(session: Session, state: SavedState) -> None:
     n = len(ids)
     if not (len(lpos) == len(words) == n) or n > session.n_ctx_max:
         raise StateError(f"the saved cache holds {n:,} tokens, more than this budget's cells")
-    reader.capture(True)
     # saved before flash_attn was kept: from a context made with flash_alone's
-    reader.expect_flash(meta.get("flash_attn", reader.settings.flash_alone()))
+    reader.restoring(meta.get("flash_attn", reader.settings.flash_alone()))
     reader.reserve(n, shrink=True)
     if n:
         with collected_log() as lines:  # llama.cpp's complaint becomes the reason
