@@ -215,11 +215,7 @@ class Session:
     def rewind(self, first_id: int) -> None:
         """Forget the tokens from id ``first_id`` on (a request's question and answer):
         the cache ends with the text read before them, ready for ``reask``."""
-        self.cache.drop_scratch()
-        self.cache.drop_tail(first_id)
-        self.reader.logits = None
-        self.reader.stats = self.reader.new_stats()  # the next request's own figures
-        self.reader.sync_stats()
+        self.reader.rewind(first_id)
 
     def run(
         self,
@@ -408,6 +404,7 @@ def _check(model: Model, policy: Policy, config: SessionConfig) -> None:
 
 def _memory_map(session: Session) -> MemoryMap:
     """``Session.memory_map``: the sinks and the recent window as the policy keeps them."""
+    session.reader.settle()  # the answer's last token is in the map, as in the cache
     held, policy = session.cache.ids, session.policy
     n_sink = min(policy.n_sink, len(held))
     recent = policy.recent_for(session.budget) if policy.evicts else 0

@@ -23,7 +23,9 @@ def generate(
     """Generate up to ``max_tokens`` tokens after what ``reader`` fed. A stop string
     the model wrote leaves the cache again (its tokens are removed), so the next
     turn's markup follows the answer's own text. Ends with ``Done`` and its reason:
-    ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard)."""
+    ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard).
+    The last token ``max_tokens`` allows waits for the next use of the cache (``_add``)."""
+    reader.settle()
     if reader.logits is None:
         raise ConfigError("nothing to continue from: feed a prompt first")
     reader.answering(stops)
@@ -37,7 +39,7 @@ def generate(
     reader.trace.start_answer()
     starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
     try:
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             with reader.ctx.busy():
                 token = sample(reader.logits)
             if stats.first_token_s is None:
@@ -48,11 +50,9 @@ def generate(
                 break
             if cache.n_used >= reader.sizing.capacity:
                 yield from reader.evict([])
-            reader.trace.add_answer_token(token)
-            reader.decode([token], logits=True)
+            starts.append((_add(reader, token, i == max_tokens - 1), len(matcher.text)))
             stats.generated_tokens += 1
             stats.decode_s = base + time.perf_counter() - start
-            starts.append((cache.next_id - 1, len(matcher.text)))
             text, hit = matcher.feed(utf8.decode(model.piece(token)))
             if hit:
                 _forget_stop(reader, starts, len(matcher.text))
@@ -72,6 +72,20 @@ def generate(
     if tail:
         yield Token(-1, tail, stats)
     yield Done(matcher.text, reason, stats)
+
+
+def _add(reader: Reader, token: int, last: bool) -> int:
+    """Add ``token`` to the answer and return its id. The ``last`` one is not decoded
+    (nothing reads what it predicts; llama-server does not decode it either): the
+    next use of the cache decodes it first (``Reader.settle``), a follow-up's read
+    or a saved state, and a one-shot request is one decode shorter."""
+    reader.trace.add_answer_token(token)
+    at = reader.cache.next_id
+    if last:
+        reader.pending = token
+    else:
+        reader.decode([token], logits=True)
+    return at
 
 
 def _ends_before(
@@ -104,6 +118,7 @@ def _forget_stop(reader: Reader, starts: list[tuple[int, int]], kept: int) -> No
     answer (the stop string and anything after it) from the cache."""
     gone = [i for i, at in starts if at >= kept]
     if gone:
+        reader.settle(keep=False)  # the answer's last token goes too, if not decoded
         reader.cache.drop_tail(min(gone))
 
 

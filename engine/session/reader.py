@@ -65,11 +65,13 @@ class Reader:
         (before the first token of an answer): where a caller may save the cache."""
         self.answer_stops: tuple[str, ...] = ()  # the stop strings of the latest answer
         self.planned = 0  # tokens the sequence holds and reads, as the latest feed began
+        self.pending: int | None = None  # an answer's last token, not decoded (``settle``)
 
     def reset(self) -> None:
         """Empty the cache and forget what the policy observed."""
         self.ctx.clear()
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
+        self.pending = None
         self.policy.reset()
         self.stats = self.new_stats()
         self.trace = TokenTrace(model_piece(self.model))
@@ -91,12 +93,12 @@ class Reader:
         """Read what the policy reads from now on, or not (a job that fits whole never
         evicts). A lone session moves to a context with or without the capture (its
         cells in position order: ``KVCache.rebind``); a pool keeps the callback, and
-        off, decodes read only the cells they see (the cell map), no rows.
-
-        An empty cache moves to the flash attention that suits the context: llama.cpp's
+        off, decodes read only the cells they see (the cell map), no rows. An empty
+        cache moves to the flash attention that suits the context: llama.cpp's
         choice without the capture (one client served 4% more requests/s with it on),
         ``CacheSettings.flash_alone`` with it. A cache holding cells keeps its context's
         (the V cache's layout differs with flash attention on and off)."""
+        self.settle()
         if self.needs.hooked and self.sizing.grows and on != self.capturing:
             flash = self.flash if self.cache.n_used else moves.flash_for(self.settings, on)
             moves.move(self, self.ctx.n_ctx, on, flash)
@@ -123,6 +125,24 @@ class Reader:
         if self.checkpoint is not None:
             self.checkpoint("answer")
 
+    def settle(self, *, keep: bool = True) -> None:
+        """Decode the answer's last token (``generate._add``) before the cache is used,
+        or with ``keep=False`` drop it undecoded (a stop, a rewind), its id spent."""
+        token, self.pending = self.pending, None
+        if token is not None and keep:
+            self.decode([token], logits=True)
+        elif token is not None:
+            self.cache.next_id += 1
+
+    def rewind(self, first_id: int) -> None:
+        """Forget the tokens from id ``first_id`` on (``Session.rewind``)."""
+        self.settle(keep=False)
+        self.cache.drop_scratch()
+        self.cache.drop_tail(first_id)
+        self.logits = None
+        self.stats = self.new_stats()  # the next request's own figures
+        self.sync_stats()
+
     @property
     def question_aware(self) -> bool:
         """Whether the question votes at each eviction."""
@@ -144,6 +164,7 @@ class Reader:
         logits for every token (teacher forcing). ``observe`` (the question) is the
         observation window at each eviction when the session is question-aware.
         """
+        self.settle()
         window = list(observe) if self.question_aware else []
         reserve, total, done = len(window), len(tokens), 0
         self.planned = max(self.planned, self.cache.next_id + total)  # decides ``auto``
@@ -187,6 +208,7 @@ class Reader:
 
     def decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
         """Decode ``tokens`` after those held (the policy observes their attention)."""
+        self.settle()
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
@@ -241,6 +263,7 @@ class Reader:
     def evict(self, window: list[int], target: int | None = None) -> Iterator[Event]:
         """Trim the cache to ``target`` tokens (default: the budget), ``window`` (the
         question's tokens) voting where the policy reads attention."""
+        self.settle()
         if not self.policy.evicts:
             raise ContextOverflowError(
                 f"the input does not fit the {self.sizing.capacity}-token budget and policy "
@@ -252,7 +275,7 @@ class Reader:
             # make them by the policy's own scores first
             yield from self.evict([], target=max(1, self.cache.n_used - len(window) + spare))
         start = time.perf_counter()
-        query = self._observe_question(window) if window else None
+        query = _observe_question(self, window) if window else None
         words = self.cache.words if self.config.whole_words else None
         with self.ctx.busy():
             keep = self.policy.keep(self.cache.ids, target or self.sizing.budget, query, words)
@@ -271,25 +294,6 @@ class Reader:
         gap = self.config.hole(max(self.planned, self.cache.next_id), self.sizing.budget)
         if gap is not None:
             self.cache.compact(gap)
-
-    def _observe_question(self, window: list[int]) -> Observation:
-        """Decode the question after the held text, read its rows, remove it again."""
-        assert self.reads_attention
-        if self.cache.next_lpos + len(window) > self.max_position:
-            self.cache.compact()
-        rows: list[np.ndarray] = []
-        pos = self.cache.next_lpos
-        try:
-            for at in range(0, len(window), self.ctx.n_batch):
-                piece = window[at : at + self.ctx.n_batch]
-                got = self._captured(piece, pos + at, len(piece), visibility=False)
-                assert got.attn is not None
-                rows.append(got.attn)
-        finally:
-            self.cache.drop_scratch()
-        width = max(r.shape[1] for r in rows)
-        attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
-        return _observation(self.cache, attn)
 
     # -- the context's size ----------------------------------------------
 
@@ -353,6 +357,26 @@ def _edges(
     if not config.whole_words:
         return None
     return [model.word_edges(t) for t in tokens]
+
+
+def _observe_question(reader: Reader, window: list[int]) -> Observation:
+    """Decode the question after the held text, read its rows, remove it again."""
+    assert reader.reads_attention
+    if reader.cache.next_lpos + len(window) > reader.max_position:
+        reader.cache.compact()
+    rows: list[np.ndarray] = []
+    pos = reader.cache.next_lpos
+    try:
+        for at in range(0, len(window), reader.ctx.n_batch):
+            piece = window[at : at + reader.ctx.n_batch]
+            got = reader._captured(piece, pos + at, len(piece), visibility=False)
+            assert got.attn is not None
+            rows.append(got.attn)
+    finally:
+        reader.cache.drop_scratch()
+    width = max(r.shape[1] for r in rows)
+    attn = np.vstack([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
+    return _observation(reader.cache, attn)
 
 
 def _observation(cache: KVCache, attn: np.ndarray) -> Observation:

@@ -234,12 +234,14 @@ def _load_trace(session: Session, meta: list[dict[str, Any]], arrays: dict[str, 
 
 
 def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedState:
-    """The session's cache as it is now (pending position shifts applied first:
-    llama.cpp does not save them). ``extra``: the caller's own JSON values."""
+    """The session's cache as it is now (an answer's last token decoded and pending
+    position shifts applied first: llama.cpp does not save them). ``extra``: the
+    caller's own JSON values."""
     reader, turns = session.reader, session.turns
     save_seq = getattr(reader.ctx, "save_seq", None)
     if save_seq is None:
         raise StateError("a sequence of the shared KV pool cannot be saved")
+    reader.settle()
     reader.cache.apply_shifts()
     cache = reader.cache
     arrays = {"ids": cache.ids, "lpos": cache.lpos, "words": cache.words}

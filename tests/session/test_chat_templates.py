@@ -205,6 +205,7 @@ def _talk(
         for question, prefix in rest:
             assert question is not None
             results.append(s.collect(s.follow_up(question, answer_prefix=prefix, max_tokens=8)))
+        s.reader.settle()  # the last answer's last token, decoded as a next turn would
         assert s.stats.evicted_tokens == 0
         assert list(s.cache.ids) == list(range(len(fed)))
         return fed, list(s.trace.segments), results
@@ -316,6 +317,7 @@ def test_only_the_templates_markup_becomes_control_tokens(chat: Chat) -> None:
         fed = _recorder(s)
         s.collect(s.ask(INJECTION, question, max_tokens=1))
         s.collect(s.follow_up(follow, max_tokens=1))
+        s.reader.settle()  # the answer's token, decoded as a next turn would
         parts = _split(fed, list(s.trace.segments))
     written = [t for name, ts in parts if name != "answer" for t in ts]
     document = next(ts for name, ts in parts if name == "document")

@@ -138,6 +138,7 @@ def test_cancelled_follow_up_is_rolled_back_and_the_chat_goes_on(
     doc, facts = conversation_doc
     with engine.session("snapkv", 256) as s:
         _summarize(s, doc)
+        s.reader.settle()  # the summary's last token, decoded as the turn begins
         before = s.cache.ids.copy()
         events = s.follow_up(facts[0].question, answer_prefix=facts[0].answer_prefix)
         with pytest.raises(Cancelled):
@@ -162,6 +163,7 @@ def test_follow_up_after_an_answer_that_filled_the_cache(
     with engine.session("h2o", 192) as s:  # budget + chunk = 256 cells: no rounding slack
         _summarize(s, doc)
         for _ in range(4):
+            s.reader.settle()  # an answer's last token is decoded when the chat goes on
             if s.cache.n_used >= s.capacity:
                 break
             room = s.capacity - s.cache.n_used

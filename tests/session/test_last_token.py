@@ -1,0 +1,77 @@
+"""An answer's last token is not decoded until the cache is used again: nothing reads
+what it predicts (llama-server does not decode it either), so a request of N
+answer tokens costs N - 1 decodes, and a follow-up finds the cache as it was
+(generate.py, ``Reader.settle``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from helpers.docs_for_tests import prose
+
+from engine import Prompt, Session, Token
+
+N = 6  # answer tokens
+
+
+def _prompt() -> Prompt:
+    return Prompt("", prose(12), "\n\nIn short,", (), True)
+
+
+def _recorder(s: Session) -> list[int]:
+    """Every token ``s`` decodes into its cache from now on, in order."""
+    fed: list[int] = []
+    decode = s.reader.decode
+
+    def spy(tokens: Sequence[int], **kw: Any) -> None:
+        fed.extend(tokens)
+        decode(tokens, **kw)
+
+    s.reader.decode = spy  # type: ignore[method-assign]
+    return fed
+
+
+def test_the_last_token_is_decoded_when_the_chat_goes_on(engine) -> None:
+    with engine.session("snapkv", 1024) as s:
+        fed = _recorder(s)
+        result = s.collect(s.run(_prompt(), max_tokens=N, stops=()))
+        assert result.reason == "length" and result.stats.generated_tokens == N
+        n_prompt = result.stats.prompt_tokens
+        last = s.reader.pending
+        assert last is not None
+        assert len(fed) == n_prompt + N - 1 == s.cache.n_used  # one decode less
+        assert s.trace.n_ids == s.cache.next_id + 1  # its id is waiting for it
+        s.collect(s.follow_up("And then?", max_tokens=2))
+        assert fed[n_prompt + N - 1] == last  # decoded first, at its own place
+        assert list(s.cache.ids) == list(range(len(fed)))  # nothing evicted: in order
+        assert s.ctx.pos_max() == s.cache.next_lpos - 1  # llama.cpp agrees
+
+
+def test_a_saved_cache_holds_the_whole_answer(engine) -> None:
+    with engine.session("snapkv", 1024) as s:
+        result = s.collect(s.run(_prompt(), max_tokens=N, stops=()))
+        saved = s.snapshot()
+        assert s.reader.pending is None
+        assert s.cache.n_used == result.stats.prompt_tokens + N
+    with engine.session("snapkv", 1024) as t:
+        t.restore(saved)
+        assert t.cache.n_used == result.stats.prompt_tokens + N
+
+
+def test_a_stop_in_the_last_token_leaves_the_ids_in_step(engine) -> None:
+    """A stop string that the last token completes: the token is never decoded, and
+    its id is spent, so the cache's ids still name the trace's tokens."""
+    with engine.session("snapkv", 1024) as s:
+        events = list(s.run(_prompt(), max_tokens=N, stops=()))
+        tail = [e.text for e in events if isinstance(e, Token)][-1]  # the last token's
+        free = events[-1].text
+        assert tail.strip() and tail not in free[:-1], free  # stops at token N only
+        result = s.collect(s.run(_prompt(), max_tokens=N, stops=(tail,)))
+        assert result.reason == "stop" and result.text == free[: -len(tail)]
+        assert s.reader.pending is None
+        assert s.cache.next_id == s.trace.n_ids
+        s.collect(s.follow_up("And then?", max_tokens=2))
+        waiting = s.reader.pending is not None  # this answer's last, unless it ended
+        assert s.cache.next_id + waiting == s.trace.n_ids
+        assert s.ctx.pos_max() == s.cache.next_lpos - 1
