@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ContextOverflowError
+from ..errors import CacheFullError, Cancelled, ConfigError, ContextOverflowError
 from ..kv.cache import KVCache
 from ..kv.context import SequenceContext
 from ..native.capture import Captured, Segment
@@ -130,7 +130,7 @@ class Reader:
         or with ``keep=False`` drop it undecoded (a stop, a rewind), its id spent."""
         token, self.pending = self.pending, None
         if token is not None and keep:
-            self.decode([token], logits=True)
+            _settle(self, token)
         elif token is not None:
             self.cache.next_id += 1
 
@@ -357,6 +357,22 @@ def _edges(
     if not config.whole_words:
         return None
     return [model.word_edges(t) for t in tokens]
+
+
+def _settle(reader: Reader, token: int) -> None:
+    """Decode a finished answer's last token: a Stop that came after the answer ended
+    (set while nothing ran) does not stop it; stopped meanwhile or short of cells, it waits."""
+    cancel = reader.ctx.cancel_event
+    stale = cancel.is_set()
+    cancel.clear()
+    try:
+        reader.decode([token], logits=True)
+    except (Cancelled, CacheFullError):  # raised before llama.cpp wrote a cell
+        reader.pending = token
+        raise
+    finally:
+        if stale:
+            cancel.set()
 
 
 def _observe_question(reader: Reader, window: list[int]) -> Observation:

@@ -75,3 +75,15 @@ def test_a_stop_in_the_last_token_leaves_the_ids_in_step(engine) -> None:
         waiting = s.reader.pending is not None  # this answer's last, unless it ended
         assert s.cache.next_id + waiting == s.trace.n_ids
         assert s.ctx.pos_max() == s.cache.next_lpos - 1
+
+
+def test_a_stop_after_the_answer_ended_does_not_lose_its_last_token(engine) -> None:
+    """The GUI's Stop pressed as the answer ends: the map and the saved chat that
+    follow still decode the last token, and the Stop stays for what comes next."""
+    with engine.session("snapkv", 1024) as s:
+        result = s.collect(s.run(_prompt(), max_tokens=N, stops=()))
+        s.cancel()
+        s.memory_map()
+        assert s.reader.pending is None
+        assert s.cache.n_used == result.stats.prompt_tokens + N
+        assert s.ctx.cancel_event.is_set()
