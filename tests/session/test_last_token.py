@@ -5,12 +5,10 @@ answer tokens costs N - 1 decodes, and a follow-up finds the cache as it was
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
+from helpers.decoded import record_decodes
 from helpers.docs_for_tests import prose
 
-from engine import Prompt, Session, Token
+from engine import Prompt, Token
 
 N = 6  # answer tokens
 
@@ -19,22 +17,9 @@ def _prompt() -> Prompt:
     return Prompt("", prose(12), "\n\nIn short,", (), True)
 
 
-def _recorder(s: Session) -> list[int]:
-    """Every token ``s`` decodes into its cache from now on, in order."""
-    fed: list[int] = []
-    decode = s.reader.decode
-
-    def spy(tokens: Sequence[int], **kw: Any) -> None:
-        fed.extend(tokens)
-        decode(tokens, **kw)
-
-    s.reader.decode = spy  # type: ignore[method-assign]
-    return fed
-
-
 def test_the_last_token_is_decoded_when_the_chat_goes_on(engine) -> None:
     with engine.session("snapkv", 1024) as s:
-        fed = _recorder(s)
+        fed = record_decodes(s)
         result = s.collect(s.run(_prompt(), max_tokens=N, stops=()))
         assert result.reason == "length" and result.stats.generated_tokens == N
         n_prompt = result.stats.prompt_tokens
