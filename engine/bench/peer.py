@@ -76,6 +76,8 @@ class PeerConfig:
     model: str = ""
     chat_template_file: str = ""  # llama-server's, where the model has no chat template
     threads: int = 1
+    gpu_layers: int = 0  # both servers' (llama-server -ngl, kvtrim serve --gpu-layers)
+    temperature: float = 0.0  # the serve part's; > 0 where greedy loops (random weights)
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     rounds: int = 3
     clients: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -213,7 +215,7 @@ def measure_serve(
     clients = step.launch.parallel
     for stream, passages in ((False, work.plain), (True, work.streaming)):
         before = pc.decode_counts(url)
-        got = pc.load(url, passages, clients, cfg.gen_tokens, stream)
+        got = pc.load(url, passages, clients, cfg.gen_tokens, stream, cfg.temperature)
         yield {
             "clients": clients,
             "stream": stream,
@@ -313,9 +315,15 @@ def argv_for(cfg: PeerConfig, launch: Launch) -> Callable[[int], list[str]]:
     """The command line of ``launch`` for a port."""
     if launch.server == PEER:
         return lambda port: peer_argv(
-            cfg.peer_binary, cfg.model, port, cfg.threads, launch, cfg.chat_template_file
+            cfg.peer_binary,
+            cfg.model,
+            port,
+            cfg.threads,
+            launch,
+            cfg.chat_template_file,
+            gpu_layers=cfg.gpu_layers,
         )
-    return lambda port: kvtrim_argv(cfg.model, port, cfg.threads, launch)
+    return lambda port: kvtrim_argv(cfg.model, port, cfg.threads, launch, cfg.gpu_layers)
 
 
 def _slug(i: int, step: Step) -> str:

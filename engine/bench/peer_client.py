@@ -79,9 +79,11 @@ def _stream(make: Any, chat: bool, **body: Any) -> Reply:
     return Reply("".join(parts), time.perf_counter() - t0, ttft, extra)
 
 
-def complete(api: Any, prompt: str, max_tokens: int, stream: bool = False) -> Reply:
-    """``/v1/completions``, greedy."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+def complete(
+    api: Any, prompt: str, max_tokens: int, stream: bool = False, temperature: float = 0.0
+) -> Reply:
+    """``/v1/completions``, greedy (or sampled at ``temperature``)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     if stream:
         return _stream(api.completions.create, False, **body)
     t0 = time.perf_counter()
@@ -156,7 +158,9 @@ def _p50(values: list[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
-def load(url: str, prompts: list[str], clients: int, gen: int, stream: bool) -> dict[str, Any]:
+def load(
+    url: str, prompts: list[str], clients: int, gen: int, stream: bool, temperature: float = 0.0
+) -> dict[str, Any]:
     """``prompts`` sent by ``clients`` threads through one SDK client, each thread
     sending the next prompt when its last answer came: requests/s over the wall
     time, latency and TTFT p50, and the answers in prompt order."""
@@ -173,7 +177,7 @@ def load(url: str, prompts: list[str], clients: int, gen: int, stream: bool) -> 
             if i is None:
                 return
             try:
-                replies[i] = complete(api, prompts[i], gen, stream)
+                replies[i] = complete(api, prompts[i], gen, stream, temperature)
             except BaseException:
                 stop.set()
                 raise

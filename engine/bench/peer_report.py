@@ -394,7 +394,8 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "## How",
         "",
         f"- The same model file (`{Path(cfg['model']).name}`) and {cfg['threads']} threads "
-        "for both (llama-server `-t -tb`, kvtrim `--threads`); each server its own process, "
+        f"for both (llama-server `-t -tb`, kvtrim `--threads`), {cfg.get('gpu_layers', 0)} "
+        "GPU layers (`-ngl`, `--gpu-layers`); each server its own process, "
         "started for each configuration and round and stopped before the other starts "
         "(llama-server first); never both at once. Every figure is the median of "
         f"{cfg['rounds']} round(s).",
@@ -405,9 +406,7 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "question without reading the document again); every serve request is a "
         "passage neither server has seen.",
         *template,
-        "- Requests through the OpenAI Python SDK, greedy (`temperature 0`). 'same text': "
-        "requests whose continuation is the same on both servers; greedy decoding parts "
-        "where two tokens nearly tie, and the servers batch the prompt differently.",
+        _sampling_line(cfg.get("temperature", 0.0)),
         "- KV bytes: llama-server's cache for its whole `-c` context (allocated at start), "
         "kvtrim's cache of the request (`kv_bytes_held`).",
         "- Timings taken on a loaded machine mean nothing.",
@@ -526,3 +525,18 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "peer.md"
     path.write_text(markdown(result, image))
     return path
+
+
+def _sampling_line(temperature: float) -> str:
+    """How the serve part's requests choose their tokens."""
+    if not temperature:
+        return (
+            "- Requests through the OpenAI Python SDK, greedy (`temperature 0`). 'same text': "
+            "requests whose continuation is the same on both servers; greedy decoding parts "
+            "where two tokens nearly tie, and the servers batch the prompt differently."
+        )
+    return (
+        f"- Requests through the OpenAI Python SDK, sampled at `temperature {temperature:g}` "
+        "(each server its own samplers and seeds: 'same text' is not expected). Greedy "
+        "answers of random weights repeat one token, which kvtrim's loop guard cuts short."
+    )

@@ -87,8 +87,10 @@ def peer_argv(
     launch: Launch,
     template: str = "",
     repack: bool | None = None,
+    gpu_layers: int = 0,
 ) -> list[str]:
-    """llama-server's command line: its defaults but for the slots, context and threads,
+    """llama-server's command line: its defaults but for the slots, context, threads
+    and GPU layers (``-ngl``, named always: a CUDA build's default offloads what fits),
     a log that shows its KV caches (``-lv 4``: libllama's info lines), where
     ``template`` names a file, that chat template, and ``--no-repack`` where kvtrim
     turns repacking off too (``repack`` None: kvtrim's own default decision,
@@ -109,6 +111,8 @@ def peer_argv(
         str(threads),
         "-tb",
         str(threads),
+        "-ngl",
+        str(gpu_layers),
         "-np",
         str(launch.parallel),
         "-c",
@@ -120,7 +124,9 @@ def peer_argv(
     ]
 
 
-def kvtrim_argv(model: str, port: int, threads: int, launch: Launch) -> list[str]:
+def kvtrim_argv(
+    model: str, port: int, threads: int, launch: Launch, gpu_layers: int = 0
+) -> list[str]:
     """``kvtrim serve``'s command line, run by this Python (``python -m engine.cli``)."""
     argv = [
         sys.executable,
@@ -143,6 +149,8 @@ def kvtrim_argv(model: str, port: int, threads: int, launch: Launch) -> list[str
         str(launch.budget),
         "--max-queue",
         "64",
+        "--gpu-layers",
+        str(gpu_layers),
     ]
     if launch.kv_cells:
         argv += ["--kv-cells", str(launch.kv_cells)]

@@ -212,6 +212,26 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         },
     ),
     (
+        ("--peer-gpu-layers",),
+        {
+            "type": int,
+            "default": 0,
+            "metavar": "N",
+            "help": "with --peer: layers both servers offload to the GPU (llama-server "
+            "-ngl, kvtrim serve --gpu-layers; needs CUDA builds of both; default: 0)",
+        },
+    ),
+    (
+        ("--peer-temperature",),
+        {
+            "type": float,
+            "default": 0.0,
+            "metavar": "T",
+            "help": "with --peer: the serve part's sampling temperature (default: 0, greedy; "
+            "a synthetic model's greedy answers loop, and kvtrim cuts loops short)",
+        },
+    ),
+    (
         ("--peer-mix",),
         {
             "type": _mix,
@@ -570,6 +590,10 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     _override(cfg, args, "clients", "lengths", "rounds", "seed")
     if args.peer_kv_layout:
         cfg.kv_layout = args.peer_kv_layout
+    if args.peer_gpu_layers < -1:
+        raise ConfigError(f"--peer-gpu-layers must be -1 (all) or more, got {args.peer_gpu_layers}")
+    cfg.gpu_layers = args.peer_gpu_layers
+    cfg.temperature = getattr(args, "peer_temperature", 0.0)
     if args.peer_mix is not None:
         cfg.passage_tokens, cfg.gen_tokens = args.peer_mix
         # a slot holds the chat frame (~64 tokens) too; llama.cpp rounds -c to 256

@@ -80,7 +80,9 @@ export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCHS -DGGML_CUDA_
 -DCUDAToolkit_ROOT=$ROOT -DCMAKE_CUDA_COMPILER=$ROOT/bin/nvcc"
 rm -f "$OUT"/llama_cpp_python-*.whl "$OUT/llama_cpp-cuda.tar.xz" "$OUT/BUILD"
 start=$(date +%s)
-nice -n 10 "${PIP[@]}" wheel --no-deps -v -w "$OUT" \
+# the build tree stays in $WORK/skb: scripts/gpu/build_server.sh builds llama-server
+# against the same libraries from it
+nice -n 10 "${PIP[@]}" wheel --no-deps -v -w "$OUT" --config-settings=build-dir="$WORK/skb" \
   "$WORK/llama_cpp_python-$VERSION.tar.gz" >"$WORK/build.log" 2>&1 || {
   tail -40 "$WORK/build.log" >&2; echo "build_wheel: failed, log in $WORK/build.log" >&2; exit 1; }
 secs=$(( $(date +%s) - start ))

@@ -23,7 +23,7 @@ from engine.bench import peer, peer_report
 from engine.bench import peer_client as pc
 from engine.bench import peer_servers as ps
 from engine.cli.main import main
-from engine.errors import PeerError
+from engine.errors import ConfigError, PeerError
 from engine.native.cpu import resolve_repack
 from engine.session.prompts import chat_prompt
 
@@ -241,6 +241,15 @@ def test_both_servers_get_the_same_model_and_threads():
     assert "--no-repack" in ps.peer_argv("b", "m", 1, 1, launch, repack=False)
     # by default repacking follows kvtrim's own decision for this CPU
     assert ("--no-repack" in argv) == (not resolve_repack().repack)
+    # GPU layers: named to both always (a CUDA llama-server offloads what fits unasked)
+    assert flags["-ngl"] == "0" and opts["--gpu-layers"] == "0"
+    gpu = peer.PeerConfig(gpu_layers=99, peer_binary="b", model="m", threads=2)
+    both = [
+        peer.argv_for(gpu, launch)(1)
+        for launch in dict(peer.configurations(gpu, "serve"))["8 clients"]
+    ]
+    assert both[0][both[0].index("-ngl") + 1] == "99"
+    assert both[1][both[1].index("--gpu-layers") + 1] == "99"
 
 
 def test_another_mix_of_prompt_and_output_lengths():
@@ -248,17 +257,20 @@ def test_another_mix_of_prompt_and_output_lengths():
     grow to hold a longer mix, never shrink."""
     from engine.cli.bench import _mix, _peer_config
 
-    def config(mix: str) -> peer.PeerConfig:
+    def config(mix: str, gpu_layers: int = 0) -> peer.PeerConfig:
         args = SimpleNamespace(
             quick=False, parts=None, clients=None, lengths=None, rounds=None, seed=None,
             peer_kv_layout=None, peer_mix=_mix(mix), peer_binary=Path("/bin/true"), model=None,
-            threads=1,
+            threads=1, peer_gpu_layers=gpu_layers,
         )  # fmt: skip
         return _peer_config(args, io.StringIO())
 
-    small, big = config("64x96"), config("600X200")
+    small, big = config("64x96"), config("600X200", gpu_layers=-1)
     assert (small.passage_tokens, small.gen_tokens, small.slot_cells) == (64, 96, 256)
     assert (big.passage_tokens, big.gen_tokens, big.slot_cells) == (600, 200, 1024)
+    assert (small.gpu_layers, big.gpu_layers) == (0, -1)
+    with pytest.raises(ConfigError, match="--peer-gpu-layers"):
+        config("64x96", gpu_layers=-2)
     for bad in ("64", "x9", "0x5", "ax5"):
         with pytest.raises(argparse.ArgumentTypeError):
             _mix(bad)
