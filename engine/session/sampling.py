@@ -30,7 +30,15 @@ class Sampling:
 
 
 class Sampler:
-    """Draws tokens according to a ``Sampling``; one per generation."""
+    """Draws tokens according to a ``Sampling``; one per generation.
+
+    The draw is softmax(logits / T), cut to the smallest set of most likely tokens
+    whose mass reaches ``top_p`` (Holtzman et al. 2020, nucleus sampling), in O(vocab)
+    float32 passes: the nucleus is sorted alone, found among the tokens within a
+    factor of the most likely one (``NUCLEUS_FLOORS``), which hold it whenever their
+    mass reaches ``top_p``. One uniform draw a token, as ``Generator.choice`` makes."""
+
+    NUCLEUS_FLOORS = (1e-3, 1e-6, 0.0)  # weight / the largest weight; 0: every token
 
     def __init__(self, sampling: Sampling) -> None:
         self.sampling = sampling
@@ -40,21 +48,44 @@ class Sampler:
         s = self.sampling
         if s.temperature == 0:
             return int(np.argmax(logits))
-        with np.errstate(over="ignore"):
-            z = logits.astype(np.float64) / s.temperature
-        if not np.isfinite(z).all():  # a temperature so small it overflows: greedy
-            return int(np.argmax(logits))
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        if s.top_p < 1:
-            order = np.argsort(-p)
-            cum = np.cumsum(p[order])
-            cut = int(np.searchsorted(cum, s.top_p)) + 1
-            keep = order[:cut]
-            q = p[keep] / p[keep].sum()
-            return int(keep[self._rng.choice(len(keep), p=q)])
-        return int(self._rng.choice(len(p), p=p))
+        x = np.asarray(logits, dtype=np.float32)
+        top = float(x.max())
+        scale = np.float32(1.0 / s.temperature)  # inf: a temperature too small to divide by
+        if not (math.isfinite(top) and math.isfinite(scale)):
+            return int(np.argmax(x))
+        w = x - np.float32(top)  # <= 0, so the weights below are in [0, 1]: no overflow
+        w *= scale
+        np.exp(w, out=w)
+        if s.top_p >= 1:
+            return self._draw_any(w)
+        target = s.top_p * float(w.sum(dtype=np.float64))
+        for floor in self.NUCLEUS_FLOORS:
+            near = np.flatnonzero(w >= floor) if floor else np.arange(w.size)
+            if floor and float(w[near].sum(dtype=np.float64)) < target:
+                continue  # the nucleus reaches below this floor
+            order = near[np.argsort(-w[near], kind="stable")]
+            cum = np.cumsum(w[order], dtype=np.float64)
+            cut = min(int(np.searchsorted(cum, target)) + 1, cum.size)
+            return self._draw(order[:cut], cum[:cut])
+        raise AssertionError("the last floor holds every token")  # pragma: no cover
+
+    def _draw_any(self, w: np.ndarray, block: int = 1024) -> int:
+        """A token of the whole vocabulary, as likely as its weight in ``w``: the block
+        of ``block`` tokens first (float64 sums of float32 blocks), then the token
+        within it (a float64 cumulative sum of the whole vocabulary costs 5 ms)."""
+        pad = -w.size % block
+        blocks = (np.pad(w, (0, pad)) if pad else w).reshape(-1, block)
+        cum = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
+        u = self._rng.random() * cum[-1]
+        b = min(int(np.searchsorted(cum, u, side="right")), cum.size - 1)
+        inner = np.cumsum(blocks[b], dtype=np.float64) + (cum[b - 1] if b else 0.0)
+        at = min(int(np.searchsorted(inner, u, side="right")), block - 1)
+        return min(b * block + at, w.size - 1)
+
+    def _draw(self, tokens: np.ndarray, cum: np.ndarray) -> int:
+        """One of ``tokens``, each as likely as its share of the cumulative ``cum``."""
+        at = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
+        return int(tokens[min(at, tokens.size - 1)])
 
 
 SENTENCE_END = "\x00sentence-end"
