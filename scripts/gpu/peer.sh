@@ -6,8 +6,8 @@
 #
 #   bash scripts/gpu/prepare.sh 90 --peer   # here: also .gpu-peer/ (server, wheels)
 #   bash scripts/gpu/check.sh && bash scripts/gpu/peer.sh   # there, one warm machine
-#   bash scripts/gpu/peer.sh --dry-run      # on a CPU: the CPU build, the default
-#                                           # model, 1 and 2 clients, one round
+#   bash scripts/gpu/peer.sh --dry-run      # on a CPU: the CPU builds, the default
+#                                           # model (or $MODEL), 1 and 2 clients, one round
 #
 # Writes peer.json, peer.md, peer.png and peer-logs.tar.xz (the servers' logs) in $OUT.
 set -euo pipefail
@@ -21,7 +21,8 @@ start=$(date +%s)
 if [ "${1:-}" = "--dry-run" ]; then
   PY=${PYTHON:-.venv/bin/python}
   BIN=${PEER_BINARY:-.variants/llama-server/llama-server}
-  ARGS=(--quick --peer-gpu-layers 0)
+  ARGS=(--quick --peer-gpu-layers 0 --lengths 1024)
+  [ -n "${MODEL:-}" ] && ARGS+=(--model "$MODEL")  # default: the embedded model
   THREADS=${THREADS:-$(nproc)}
 else
   PY=${PYTHON:-python3}

@@ -136,6 +136,36 @@ def test_check_dry_run_end_to_end(tmp_path):
     assert "| gemma-tiny | 512 | noflash |" in (out / "gpu.md").read_text()
 
 
+@pytest.mark.slow
+def test_peer_dry_run_end_to_end(tmp_path):
+    """scripts/gpu/peer.sh --dry-run: the serve peer bench on a tiny synthetic model with
+    the CPU llama-server, what comes back (the logs packed in one file)."""
+    import json
+    import os
+    import subprocess
+
+    binary = ROOT / ".variants" / "llama-server" / "llama-server"
+    if not binary.is_file():
+        pytest.skip("no llama-server built (scripts/peer/build_llama_server.sh)")
+    model = tmp_path / "llama-tiny.gguf"
+    synth.main(["llama-tiny", str(model)])
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "WORK": str(tmp_path / "work")}
+    env |= {"MODEL": str(model), "PYTHON": sys.executable, "THREADS": "2"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu/peer.sh"), "--dry-run"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert {p.name for p in out.iterdir()} == {
+        "peer.json", "peer.md", "peer.png", "peer-logs.tar.xz"
+    }  # fmt: skip
+    records = json.loads((out / "peer.json").read_text())["records"]
+    assert {(r["server"], r["clients"]) for r in records} == {
+        (s, n) for s in ("llama-server", "kvtrim") for n in (1, 2)
+    }
+
+
 def test_a_failed_or_late_run_is_recorded_and_the_rest_go_on(tmp_path):
     from engine.bench.gpu import Plan, run_all
 
