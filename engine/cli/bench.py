@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -594,6 +595,8 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
         raise ConfigError(f"--peer-gpu-layers must be -1 (all) or more, got {args.peer_gpu_layers}")
     cfg.gpu_layers = args.peer_gpu_layers
     cfg.temperature = getattr(args, "peer_temperature", 0.0)
+    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
+        raise ConfigError(f"--peer-temperature must be a number >= 0, got {cfg.temperature}")
     if args.peer_mix is not None:
         cfg.passage_tokens, cfg.gen_tokens = args.peer_mix
         # a slot holds the chat frame (~64 tokens) too; llama.cpp rounds -c to 256

@@ -257,11 +257,11 @@ def test_another_mix_of_prompt_and_output_lengths():
     grow to hold a longer mix, never shrink."""
     from engine.cli.bench import _mix, _peer_config
 
-    def config(mix: str, gpu_layers: int = 0) -> peer.PeerConfig:
+    def config(mix: str, gpu_layers: int = 0, temperature: float = 0.0) -> peer.PeerConfig:
         args = SimpleNamespace(
             quick=False, parts=None, clients=None, lengths=None, rounds=None, seed=None,
             peer_kv_layout=None, peer_mix=_mix(mix), peer_binary=Path("/bin/true"), model=None,
-            threads=1, peer_gpu_layers=gpu_layers,
+            threads=1, peer_gpu_layers=gpu_layers, peer_temperature=temperature,
         )  # fmt: skip
         return _peer_config(args, io.StringIO())
 
@@ -271,6 +271,10 @@ def test_another_mix_of_prompt_and_output_lengths():
     assert (small.gpu_layers, big.gpu_layers) == (0, -1)
     with pytest.raises(ConfigError, match="--peer-gpu-layers"):
         config("64x96", gpu_layers=-2)
+    assert (small.temperature, config("64x96", temperature=1).temperature) == (0.0, 1.0)
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ConfigError, match="--peer-temperature"):
+            config("64x96", temperature=bad)
     for bad in ("64", "x9", "0x5", "ax5"):
         with pytest.raises(argparse.ArgumentTypeError):
             _mix(bad)
