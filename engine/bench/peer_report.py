@@ -537,6 +537,7 @@ def _sampling_line(temperature: float) -> str:
         )
     return (
         f"- Requests through the OpenAI Python SDK, sampled at `temperature {temperature:g}` "
-        "(each server its own samplers and seeds: 'same text' is not expected). Greedy "
+        "and each server's own defaults for the rest (top-p 0.95 on both; llama-server also "
+        "top-k 40 and min-p 0.05), each its own seeds: 'same text' is not expected. Greedy "
         "answers of random weights repeat one token, which kvtrim's loop guard cuts short."
     )

@@ -112,7 +112,7 @@ def peer_argv(
         "-tb",
         str(threads),
         "-ngl",
-        str(gpu_layers),
+        "all" if gpu_layers < 0 else str(gpu_layers),  # its -1 would be "auto"
         "-np",
         str(launch.parallel),
         "-c",

@@ -595,8 +595,9 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
         raise ConfigError(f"--peer-gpu-layers must be -1 (all) or more, got {args.peer_gpu_layers}")
     cfg.gpu_layers = args.peer_gpu_layers
     cfg.temperature = getattr(args, "peer_temperature", 0.0)
-    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
-        raise ConfigError(f"--peer-temperature must be a number >= 0, got {cfg.temperature}")
+    if not (math.isfinite(cfg.temperature) and 0 <= cfg.temperature <= 2):
+        # kvtrim serve's requests take 0-2, as OpenAI's
+        raise ConfigError(f"--peer-temperature must be in 0-2, got {cfg.temperature}")
     if args.peer_mix is not None:
         cfg.passage_tokens, cfg.gen_tokens = args.peer_mix
         # a slot holds the chat frame (~64 tokens) too; llama.cpp rounds -c to 256

@@ -29,6 +29,20 @@ class Sampling:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _reaches(v: np.ndarray, target: float, block: int = 1024) -> int:
+    """The first index where the running sum of ``v`` reaches ``target`` (the last
+    where it never does): float64 sums of float32 blocks, then within one block."""
+    pad = -v.size % block
+    blocks = (np.pad(v, (0, pad)) if pad else v).reshape(-1, block)
+    cum = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
+    b = min(int(np.searchsorted(cum, target)), cum.size - 1)
+    inner = np.cumsum(blocks[b], dtype=np.float64) + (cum[b - 1] if b else 0.0)
+    return min(b * block + int(np.searchsorted(inner, target)), v.size - 1)
+
+
 class Sampler:
     """Draws tokens according to a ``Sampling``; one per generation.
 
@@ -36,9 +50,12 @@ class Sampler:
     whose mass reaches ``top_p`` (Holtzman et al. 2020, nucleus sampling), in O(vocab)
     float32 passes: the nucleus is sorted alone, found among the tokens within a
     factor of the most likely one (``NUCLEUS_FLOORS``), which hold it whenever their
-    mass reaches ``top_p``. One uniform draw a token, as ``Generator.choice`` makes."""
+    mass reaches ``top_p``; below the floors, by its weight threshold in the sorted
+    weights (no argsort). Ties at the cut keep the lowest token ids. One uniform draw
+    a token, as ``Generator.choice`` makes."""
 
-    NUCLEUS_FLOORS = (1e-3, 1e-6, 0.0)  # weight / the largest weight; 0: every token
+    NUCLEUS_FLOORS = (1e-3, 1e-6)  # weight / the largest weight
+    ARGSORT_MAX = 4096  # more candidates than this: the weights are sorted, not indices
 
     def __init__(self, sampling: Sampling) -> None:
         self.sampling = sampling
@@ -48,26 +65,45 @@ class Sampler:
         s = self.sampling
         if s.temperature == 0:
             return int(np.argmax(logits))
-        x = np.asarray(logits, dtype=np.float32)
-        top = float(x.max())
-        scale = np.float32(1.0 / s.temperature)  # inf: a temperature too small to divide by
-        if not (math.isfinite(top) and math.isfinite(scale)):
+        x = np.asarray(logits)
+        top, inverse = x.max(), 1.0 / s.temperature
+        if not (math.isfinite(top) and inverse < FLOAT32_MAX):  # NaN/inf, or T too small
             return int(np.argmax(x))
-        w = x - np.float32(top)  # <= 0, so the weights below are in [0, 1]: no overflow
+        # the smallest float32 step at least: a huge T leaves -inf logits at weight 0
+        scale = np.float32(max(inverse, 1e-45))
+        with np.errstate(over="ignore"):  # -3e38 - 3e38 is -inf: weight 0
+            # <= 0 in the logits' own precision, so the weights are in [0, 1]
+            w = np.asarray(x - top, dtype=np.float32)
         w *= scale
         np.exp(w, out=w)
         if s.top_p >= 1:
             return self._draw_any(w)
         target = s.top_p * float(w.sum(dtype=np.float64))
+        near = np.arange(w.size)
         for floor in self.NUCLEUS_FLOORS:
-            near = np.flatnonzero(w >= floor) if floor else np.arange(w.size)
-            if floor and float(w[near].sum(dtype=np.float64)) < target:
-                continue  # the nucleus reaches below this floor
+            above = np.flatnonzero(w >= floor)
+            if float(w[above].sum(dtype=np.float64)) >= target:
+                near = above  # the nucleus lies among these
+                break
+        if near.size <= self.ARGSORT_MAX:
             order = near[np.argsort(-w[near], kind="stable")]
             cum = np.cumsum(w[order], dtype=np.float64)
             cut = min(int(np.searchsorted(cum, target)) + 1, cum.size)
             return self._draw(order[:cut], cum[:cut])
-        raise AssertionError("the last floor holds every token")  # pragma: no cover
+        return self._draw_any(self._nucleus(w, np.sort(w[near]), target))
+
+    @staticmethod
+    def _nucleus(w: np.ndarray, ascending: np.ndarray, target: float) -> np.ndarray:
+        """``w`` with every token outside the nucleus of mass ``target`` at 0, from the
+        nucleus's candidates' weights sorted (``ascending``): the weight where their
+        sum from the top reaches it, the tokens above it and as many tied with it as
+        the nucleus holds (a sort of values, not of indices)."""
+        v = ascending[::-1]
+        k = _reaches(v, target)
+        keep = w > v[k]
+        ties = np.flatnonzero(w == v[k])[: k + 1 - int(np.count_nonzero(keep))]
+        keep[ties] = True
+        return np.where(keep, w, np.float32(0))
 
     def _draw_any(self, w: np.ndarray, block: int = 1024) -> int:
         """A token of the whole vocabulary, as likely as its weight in ``w``: the block
@@ -78,9 +114,13 @@ class Sampler:
         cum = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
         u = self._rng.random() * cum[-1]
         b = min(int(np.searchsorted(cum, u, side="right")), cum.size - 1)
+        while not cum[b] > (cum[b - 1] if b else 0.0):  # an empty block: the one before
+            b -= 1
         inner = np.cumsum(blocks[b], dtype=np.float64) + (cum[b - 1] if b else 0.0)
-        at = min(int(np.searchsorted(inner, u, side="right")), block - 1)
-        return min(b * block + at, w.size - 1)
+        at = int(np.searchsorted(inner, u, side="right"))
+        if at >= block:  # u in the rounding between two sums: the block's last token
+            at = int(np.flatnonzero(blocks[b])[-1])
+        return b * block + at
 
     def _draw(self, tokens: np.ndarray, cum: np.ndarray) -> int:
         """One of ``tokens``, each as likely as its share of the cumulative ``cum``."""

@@ -17,11 +17,15 @@ OUT=${1:-.gpu-peer/server}
 B=$WORK/skb
 [ -f "$B/CMakeCache.txt" ] || { echo "build_server: no $B: run scripts/gpu/build_wheel.sh first" >&2; exit 2; }
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+[ -n "$src" ] || { echo "build_server: $B/CMakeCache.txt names no source folder" >&2; exit 2; }
+VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+sdist=$WORK/llama_cpp_python-$VERSION.tar.gz
 # pip built in a temporary copy of the sdist, since removed: the same sources, same
 # path (their archive dates are older than the objects, so nothing built is rebuilt)
 if [ ! -f "$src/CMakeLists.txt" ]; then
+  [ -f "$sdist" ] || { echo "build_server: no $sdist: run scripts/gpu/build_wheel.sh first" >&2; exit 2; }
   mkdir -p "$src"
-  tar -xzf "$(ls "$WORK"/llama_cpp_python-*.tar.gz | head -1)" -C "$src" --strip-components=1
+  tar -xzf "$sdist" -C "$src" --strip-components=1
 fi
 cmake "$B" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF >"$WORK/server-configure.log"
 nice -n 10 cmake --build "$B" --target llama-server -j "${JOBS:-$(nproc)}" >"$WORK/server-build.log" 2>&1 || {
@@ -38,6 +42,9 @@ while [ ${#todo[@]} -gt 0 ]; do
   for lib in $(needed "$f"); do
     case $lib in libllama.so*|libggml*) continue ;; esac
     src_lib=$(dirname "$bin")/$lib
+    case $lib in libllama*|libmtmd*)  # llama.cpp's own: the wheel does not hold them
+      [ -e "$src_lib" ] || { echo "build_server: $lib (needed by $f) not found in $(dirname "$bin")" >&2; exit 1; } ;;
+    esac
     if [ -e "$src_lib" ] && [ ! -e "$OUT/$lib" ]; then
       strip -o "$OUT/$lib" "$(readlink -f "$src_lib")"
       todo+=("$OUT/$lib")

@@ -30,12 +30,12 @@ else
   SITE=$WORK/site  # check.sh's: the CUDA llama_cpp and its wheels
   MODEL=${MODEL:-$WORK/llama-3.1-8b.gguf}
   for f in "$SITE/llama_cpp/__init__.py" "$MODEL" "$BIN"; do
-    [ -f "$f" ] || { echo "peer: $f missing: run check.sh first on this machine, prepare.sh --peer here" >&2; exit 2; }
+    [ -f "$f" ] || { echo "peer: $f missing: run check.sh first on this machine (and prepare.sh 90 --peer where it was built)" >&2; exit 2; }
   done
   # (a rehearsal here with PYTHON=.venv/bin/python sets NO_WHEELS=1: they are CPython 3.12's)
   [ -n "${NO_WHEELS:-}" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile \
     --target "$WORK/peer-site" .gpu-peer/wheels/*.whl
-  export PYTHONPATH=$PYTHONPATH:$WORK/peer-site:$SITE:$PWD/.gpu-peer/py
+  export PYTHONPATH=$PYTHONPATH:$WORK/peer-site:$SITE
   libs=$("$PY" - <<'EOF'
 import glob, os, site
 roots = site.getsitepackages() + [site.getusersitepackages()]
@@ -56,6 +56,8 @@ status=0
 for f in peer.json peer.md peer.png; do
   [ -f "$WORK/peer/$f" ] && cp "$WORK/peer/$f" "$OUT/"
 done
-[ -d "$WORK/peer/peer-logs" ] && tar -C "$WORK/peer" -cJf "$OUT/peer-logs.tar.xz" peer-logs
+if [ -d "$WORK/peer/peer-logs" ]; then
+  tar -C "$WORK/peer" -cJf "$OUT/peer-logs.tar.xz" peer-logs || echo "peer: the logs were not packed" >&2
+fi
 echo "peer: exit $status in $(( $(date +%s) - start )) s; results in $OUT"
 exit "$status"

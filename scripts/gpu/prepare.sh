@@ -17,8 +17,10 @@
 #                               uvicorn, pydantic, openai, ...), for Python 3.12
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ARCHS=${1:-90}
-PEER=${2:-}
+ARCHS=90 PEER=
+for arg in "$@"; do  # --peer and ARCHS in either order
+  if [ "$arg" = --peer ]; then PEER=--peer; else ARCHS=$arg; fi
+done
 PY=${PYTHON:-.venv/bin/python}
 # a build for other architectures (or none) is built again
 if ! grep -qx "architectures $ARCHS" dist/gpu/BUILD 2>/dev/null; then
@@ -40,7 +42,8 @@ PYEOF
 # bytes, not rounded MiB: the two together come within a MiB or two of the limit
 mib() { awk '{ printf "%.1f", $1 / 1048576 }'; }
 size=$(du -sb --apparent-size .gpu | cut -f1)
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat | wc -c)
+tree=$( (git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null || true) \
+  | awk '{ s += $1 } END { print s + 0 }')  # a deleted tracked file: not counted
 echo "prepare: .gpu is $(mib <<<"$size") MiB, the tree $(mib <<<"$tree") MiB (the device carries 64 MiB at most)"
 [ $((size + tree)) -lt $((64 * 1048576)) ] || { echo "prepare: too big to carry" >&2; exit 1; }
 
@@ -69,6 +72,10 @@ print(" ".join(f"{n}=={v(n)}" for n in ("pydantic-core", "jiter")))')
 "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .gpu-peer/wheels $compiled
+# kvtrim bench asks for rouge-score (the summary metrics), which PyPI has as source only
+rouge=$("$PY" -c 'from importlib.metadata import version; print(version("rouge-score"))')
+"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps -w .gpu-peer/wheels \
+  "rouge-score==$rouge"
 size=$(du -sb --apparent-size .gpu-peer | cut -f1)
 echo "prepare: .gpu-peer is $(mib <<<"$size") MiB, the tree $(mib <<<"$tree") MiB"
 [ $((size + tree)) -lt $((64 * 1048576)) ] || { echo "prepare: .gpu-peer too big to carry" >&2; exit 1; }

@@ -243,6 +243,8 @@ def test_both_servers_get_the_same_model_and_threads():
     assert ("--no-repack" in argv) == (not resolve_repack().repack)
     # GPU layers: named to both always (a CUDA llama-server offloads what fits unasked)
     assert flags["-ngl"] == "0" and opts["--gpu-layers"] == "0"
+    every = ps.peer_argv("b", "m", 1, 1, launch, gpu_layers=-1)  # llama-server's -1: auto
+    assert every[every.index("-ngl") + 1] == "all"
     gpu = peer.PeerConfig(gpu_layers=99, peer_binary="b", model="m", threads=2)
     both = [
         peer.argv_for(gpu, launch)(1)
@@ -272,7 +274,7 @@ def test_another_mix_of_prompt_and_output_lengths():
     with pytest.raises(ConfigError, match="--peer-gpu-layers"):
         config("64x96", gpu_layers=-2)
     assert (small.temperature, config("64x96", temperature=1).temperature) == (0.0, 1.0)
-    for bad in (-0.5, float("nan")):
+    for bad in (-0.5, float("nan"), 2.5):
         with pytest.raises(ConfigError, match="--peer-temperature"):
             config("64x96", temperature=bad)
     for bad in ("64", "x9", "0x5", "ax5"):
