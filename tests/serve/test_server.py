@@ -24,16 +24,18 @@ def server(engine, request):
     config = ServerConfig(
         policy="snapkv", budget_tokens=256, api_key=KEY, parallel=request.param, kv_cells=1024
     )
+    started = time.perf_counter()
     with BackgroundServer(create_app(engine, config)) as url:
-        yield Url(url, request.param)
+        yield Url(url, request.param, started)
 
 
 class Url(str):
     """The server's address, and how many requests it decodes together."""
 
-    def __new__(cls, url: str, parallel: int) -> Url:
+    def __new__(cls, url: str, parallel: int, started: float = 0.0) -> Url:
         self = super().__new__(cls, url)
         self.parallel = parallel
+        self.started = started  # time.perf_counter() before it started
         return self
 
 
@@ -277,7 +279,10 @@ def test_metrics_show_each_running_request_in_the_pool(server, client):
     assert kept and float(kept[0].split()[1]) >= 1  # kept with its text for a next request
     assert "kvtrim_request_share_ratio_count" in after
     decode_s = [ln for ln in after.splitlines() if ln.startswith("kvtrim_pool_decode_seconds ")]
-    assert decode_s and 0 < float(decode_s[0].split()[1]) < 60  # llama_decode's own time
+    # llama_decode's own time, in seconds: within the server's life (a fixed bound
+    # failed on a machine loaded beside the suite)
+    alive_s = time.perf_counter() - server.started
+    assert decode_s and 0 < float(decode_s[0].split()[1]) < alive_s
 
 
 def test_a_document_asked_about_twice_is_read_once(server, client):
