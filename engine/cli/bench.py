@@ -594,7 +594,7 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     if args.peer_gpu_layers < -1:
         raise ConfigError(f"--peer-gpu-layers must be -1 (all) or more, got {args.peer_gpu_layers}")
     cfg.gpu_layers = args.peer_gpu_layers
-    cfg.temperature = getattr(args, "peer_temperature", 0.0)
+    cfg.temperature = args.peer_temperature
     if not (math.isfinite(cfg.temperature) and 0 <= cfg.temperature <= 2):
         # kvtrim serve's requests take 0-2, as OpenAI's
         raise ConfigError(f"--peer-temperature must be in 0-2, got {cfg.temperature}")

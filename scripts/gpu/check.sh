@@ -44,13 +44,7 @@ else
   export PYTHONPATH=$PYTHONPATH:$SITE
   # the build's RUNPATH names its own toolkit folder: CUDA's runtime libraries
   # come from this machine's pip packages (nvidia-cublas, nvidia-cuda-runtime)
-  libs=$("$PY" - <<'EOF'
-import glob, os, site
-roots = site.getsitepackages() + [site.getusersitepackages()]
-dirs = {os.path.dirname(p) for r in roots for p in glob.glob(f"{r}/nvidia/**/libcu*.so*", recursive=True)}
-print(":".join(sorted(dirs)))
-EOF
-)
+  libs=$("$PY" scripts/gpu/cuda_libs.py)
   export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   cat .gpu/BUILD 2>/dev/null || true  # what build_wheel.sh built, for which architectures

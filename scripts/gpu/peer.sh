@@ -36,13 +36,7 @@ else
   [ -n "${NO_WHEELS:-}" ] || "$PY" -m pip install -q --no-index --no-deps --no-compile \
     --target "$WORK/peer-site" .gpu-peer/wheels/*.whl
   export PYTHONPATH=$PYTHONPATH:$WORK/peer-site:$SITE
-  libs=$("$PY" - <<'EOF'
-import glob, os, site
-roots = site.getsitepackages() + [site.getusersitepackages()]
-dirs = {os.path.dirname(p) for r in roots for p in glob.glob(f"{r}/nvidia/**/libcu*.so*", recursive=True)}
-print(":".join(sorted(dirs)))
-EOF
-)
+  libs=$("$PY" scripts/gpu/cuda_libs.py)
   # llama-server finds the wheel's libllama and libggml* (the same build) there
   export LD_LIBRARY_PATH=$PWD/.gpu-peer/server:$SITE/llama_cpp/lib:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   THREADS=${THREADS:-8}
