@@ -119,6 +119,11 @@ def _request_options() -> list[Option]:
             "help": "0 is greedy (default)"}),
         (("--top-p",), {"type": types.top_p, "default": greedy.top_p,
             "help": f"in (0, 1] (default: {greedy.top_p:g})"}),
+        (("--top-k",), {"type": types.at_least(0), "default": greedy.top_k, "metavar": "K",
+            "help": f"the K most likely tokens, 0: all (default: {greedy.top_k})"}),
+        (("--min-p",), {"type": types.min_p, "default": greedy.min_p, "metavar": "P",
+            "help": "tokens at least P times as likely as the most likely, 0: all "
+            f"(default: {greedy.min_p:g})"}),
         (("--seed",), {"type": types.at_least(0), "default": greedy.seed, "metavar": "N"}),
         (("--stop",), {"action": "append", "default": None, "metavar": "TEXT",
             "help": "stop string (repeatable; default: the prompt's own)"}),

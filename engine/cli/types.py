@@ -95,6 +95,14 @@ def top_p(text: str) -> float:
     return value
 
 
+def min_p(text: str) -> float:
+    """A fraction of the most likely token's probability, in [0, 1]."""
+    value = _float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1] (0 is off), got {text}")
+    return value
+
+
 Option = tuple[tuple[str, ...], dict[str, Any]]  # (flags, add_argument's keywords)
 
 KV_OPTIONS: tuple[Option, ...] = (

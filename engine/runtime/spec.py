@@ -56,7 +56,7 @@ class RequestSpec(SessionOptions):
         return cls(
             **{name: getattr(args, name) for name in plain if hasattr(args, name)},
             policy_settings=parse_settings(policy, getattr(args, "policy_args", None) or ()),
-            sampling=Sampling(args.temperature, args.top_p, args.seed),
+            sampling=Sampling(args.temperature, args.top_p, args.seed, args.top_k, args.min_p),
             stops=tuple(args.stop) if args.stop is not None else None,
             answer_prefix=args.answer_prefix.strip(),
         )

@@ -4,7 +4,8 @@ Fields OpenAI clients send that a local server cannot honour in a meaningful way
 (penalties, ``user``, ...) are accepted and ignored, as llama.cpp's server does;
 ``n > 1``, ``echo`` and ``logprobs`` are refused with a 400. kvtrim's own fields
 (``kv_policy``, ``kv_budget``, ``kv_keep_ratio``) override the server's eviction
-settings for one request (the ``extra_body`` of the openai client).
+settings for one request (the ``extra_body`` of the openai client); ``top_k`` and
+``min_p`` are llama-server's extensions, with its defaults.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..session.sampling import CHAT
 from ..stats import KVStats
 
 FINISH = {"stop": "stop", "eog": "stop", "repetition": "stop", "length": "length"}
 MAX_TOKENS = 32_768  # one answer at most; eviction would let it run for ever
 MAX_SEED = 2**64 - 1
+MAX_TOP_K = 2**31 - 1  # llama.cpp's int32; more than the vocabulary keeps it all
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 MAX_STOP_CHARS = 256  # characters of one stop string
 
@@ -39,8 +42,10 @@ class _Sampling(KvOverrides):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float = Field(default=0.8, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
+    temperature: float = Field(default=CHAT.temperature, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=CHAT.top_p, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(default=CHAT.top_k, ge=0, le=MAX_TOP_K)  # 0: off
+    min_p: float = Field(default=CHAT.min_p, ge=0, le=1, allow_inf_nan=False)  # 0: off
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False

@@ -420,6 +420,8 @@ BAD_OPTIONS = [
     (["--top-p", "0"], "--top-p: must be in (0, 1]"),
     (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
     (["--top-p", "nan"], "finite"),
+    (["--top-k", "-1"], "--top-k: must be at least 0"),
+    (["--min-p", "2"], "--min-p: must be in [0, 1]"),
     (["--budget", "0"], "--budget: must be at least 16"),
     (["--budget", "-5"], "--budget: must be at least 16"),
     (["--budget", "20"], "too small for snapkv"),
@@ -498,6 +500,8 @@ def test_sampling_refuses_what_the_options_refuse():
         dict(temperature=float("inf")),
         dict(top_p=float("nan")),
         dict(seed=-1),
+        dict(top_k=-1),
+        dict(min_p=float("nan")),
     ):
         with pytest.raises(ConfigError):
             Sampling(**bad)

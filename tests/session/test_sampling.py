@@ -1,6 +1,7 @@
-"""The sampler draws what softmax(logits / T) cut to top-p says, without a model:
-frequencies over many draws, across the blocks its draw walks, at the vocabulary's
-ends, with a nucleus found above its floors and below them."""
+"""The sampler draws what softmax(logits / T) cut to top-k, min-p and top-p says,
+without a model: frequencies over many draws, across the blocks its draw walks, at the
+vocabulary's ends, with a nucleus found above its floors and below them, and each draw
+of the chain against its definition."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from engine.session.sampling import Sampler, Sampling
+from engine.errors import ConfigError
+from engine.session.sampling import CHAT, WHOLE, Sampler, Sampling
 
 DRAWS = 8_000
+
+
+def _whole(temperature: float, **kw) -> Sampling:
+    """Sampling over the whole vocabulary unless ``kw`` cuts it."""
+    return Sampling(temperature, **{**WHOLE, **kw})
 
 
 def _logits(vocab: int, weights: dict[int, float]) -> np.ndarray:
@@ -41,7 +48,7 @@ def test_draws_follow_the_softmax_across_blocks_and_at_the_ends(vocab):
     vocabulary that is not a multiple of it pads its last block with nothing)."""
     weights = {0: 0.2, vocab // 2: 0.5, vocab - 1: 0.3}
     draws = DRAWS if vocab < 10_000 else 3_000  # Gemma's vocabulary: a ms a draw
-    got = _frequencies(Sampling(1.0, seed=3), _logits(vocab, weights), draws)
+    got = _frequencies(_whole(1.0, seed=3), _logits(vocab, weights), draws)
     _close(got, weights, draws)
 
 
@@ -50,15 +57,15 @@ def test_temperature_sharpens_and_flattens():
     for t in (0.5, 2.0):
         a, b = 0.6 ** (1 / t), 0.4 ** (1 / t)
         want = {7: a / (a + b), 3000: b / (a + b)}
-        _close(_frequencies(Sampling(t, seed=5), logits), want)
+        _close(_frequencies(_whole(t, seed=5), logits), want)
 
 
 def test_top_p_keeps_the_smallest_set_that_reaches_it():
     """0.5 + 0.3 reaches 0.7: the nucleus is those two, renormalized; 0.5 alone
     reaches 0.5 (the token that crosses top_p is kept, as in the paper)."""
     logits = _logits(3000, {2999: 0.5, 1500: 0.3, 1: 0.15, 2: 0.05})
-    _close(_frequencies(Sampling(1.0, top_p=0.7, seed=1), logits), {2999: 0.625, 1500: 0.375})
-    _close(_frequencies(Sampling(1.0, top_p=0.5, seed=1), logits), {2999: 1.0})
+    _close(_frequencies(_whole(1.0, top_p=0.7, seed=1), logits), {2999: 0.625, 1500: 0.375})
+    _close(_frequencies(_whole(1.0, top_p=0.5, seed=1), logits), {2999: 1.0})
 
 
 def test_a_nucleus_below_the_floors_is_found_among_every_token():
@@ -66,14 +73,14 @@ def test_a_nucleus_below_the_floors_is_found_among_every_token():
     most likely one, past every floor but the last."""
     vocab = 2048
     weights = {0: 0.5, **{t: 0.5 / (vocab - 1) for t in range(1, vocab)}}
-    got = _frequencies(Sampling(1.0, top_p=0.99, seed=2), _logits(vocab, weights))
+    got = _frequencies(_whole(1.0, top_p=0.99, seed=2), _logits(vocab, weights))
     assert abs(got[0] - 0.5 / 0.99) < 0.02 and len(got) > 1500
 
 
 def test_a_seed_repeats_its_draws_and_greedy_is_the_argmax():
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal(50_000) * 2).astype(np.float32)
-    for sampling in (Sampling(0.8, seed=11), Sampling(0.8, top_p=0.9, seed=11)):
+    for sampling in (_whole(0.8, seed=11), _whole(0.8, top_p=0.9, seed=11)):
         one, two = Sampler(sampling), Sampler(sampling)
         assert [one(logits) for _ in range(50)] == [two(logits) for _ in range(50)]
     assert Sampler(Sampling(0.0))(logits) == int(np.argmax(logits))
@@ -81,9 +88,9 @@ def test_a_seed_repeats_its_draws_and_greedy_is_the_argmax():
 
 def test_logits_with_nan_or_inf_fall_back_to_the_argmax():
     logits = np.array([0.1, np.inf, 0.3], dtype=np.float32)
-    assert Sampler(Sampling(1.0, seed=1))(logits) == 1
+    assert Sampler(_whole(1.0, seed=1))(logits) == 1
     logits = np.array([0.1, 0.2, np.nan], dtype=np.float32)
-    assert Sampler(Sampling(1.0, seed=1))(logits) in (0, 1, 2)  # no exception, a token
+    assert Sampler(_whole(1.0, seed=1))(logits) in (0, 1, 2)  # no exception, a token
 
 
 def _exact_nucleus(w: np.ndarray, top_p: float) -> set[int]:
@@ -112,7 +119,7 @@ def test_the_nucleus_below_the_floors_is_the_definitions(seed):
 
 def test_a_sampler_without_floors_draws_the_same_distribution():
     logits = _logits(3000, {2999: 0.5, 1500: 0.3, 1: 0.15, 2: 0.05})
-    sampler = Sampler(Sampling(1.0, top_p=0.7, seed=1))
+    sampler = Sampler(_whole(1.0, top_p=0.7, seed=1))
     sampler.NUCLEUS_FLOORS, sampler.ARGSORT_MAX = (), 0  # the sorted-weights path
     got = np.bincount([sampler(logits) for _ in range(DRAWS)], minlength=3000) / DRAWS
     _close({int(t): got[t] for t in np.flatnonzero(got)}, {2999: 0.625, 1500: 0.375})
@@ -132,7 +139,7 @@ def test_a_draw_at_the_very_top_of_the_sums_is_a_token_with_weight():
     """u * total rounds to the total (or past a block's own sum): the last token with
     weight, never a padded or -inf one."""
     logits = _logits(4000, {5: 0.4, 2100: 0.6})  # the last block (3072-4095) is empty
-    sampler = Sampler(Sampling(1.0, seed=1))
+    sampler = Sampler(_whole(1.0, seed=1))
     sampler._rng = _Fixed(1.0 - 1e-17)  # rounds to 1.0
     assert sampler(logits) == 2100
     sampler._rng = _Fixed(0.0)
@@ -143,12 +150,91 @@ def test_extreme_temperatures_and_precise_logits():
     """A huge T is uniform over the finite logits (-inf stays impossible); float64
     logits keep their differences (1e6 +- 0.03 in float32 are one number)."""
     logits = np.array([0.0, -np.inf, 1.0, -np.inf], dtype=np.float32)
-    drawn = {Sampler(Sampling(1e46, seed=s))(logits) for s in range(200)}
+    drawn = {Sampler(_whole(1e46, seed=s))(logits) for s in range(200)}
     assert drawn == {0, 2}
     precise = np.array([1e6, 1e6 + 0.03, 1e6 - 0.03], dtype=np.float64)
     weights = np.exp([-3.0, 0.0, -6.0])  # (logit - the largest) / 0.01
     want = {t: float(p) for t, p in enumerate(weights / weights.sum())}
-    _close(_frequencies(Sampling(0.01, seed=4), precise, 4000), want, 4000)
+    _close(_frequencies(_whole(0.01, seed=4), precise, 4000), want, 4000)
     with np.errstate(all="raise"):  # no numpy warnings on extreme inputs
-        Sampler(Sampling(1e-300, seed=1))(np.array([1.0, 2.0], dtype=np.float32))
-        Sampler(Sampling(1.0, seed=1))(np.array([-3e38, 3e38], dtype=np.float32))
+        Sampler(_whole(1e-300, seed=1))(np.array([1.0, 2.0], dtype=np.float32))
+        Sampler(_whole(1.0, seed=1))(np.array([-3e38, 3e38], dtype=np.float32))
+
+
+def test_top_k_keeps_the_k_most_likely_and_ties_keep_the_lowest_ids():
+    logits = _logits(5000, {10: 0.4, 4000: 0.3, 2000: 0.15, 3000: 0.15})
+    _close(_frequencies(_whole(1.0, top_k=2, seed=1), logits), {10: 4 / 7, 4000: 3 / 7})
+    want = {10: 0.4 / 0.85, 4000: 0.3 / 0.85, 2000: 0.15 / 0.85}
+    _close(_frequencies(_whole(1.0, top_k=3, seed=1), logits), want)
+
+
+def test_min_p_keeps_what_is_that_likely_against_the_top_after_temperature():
+    """At T 2 the weights are the square roots: 0.707, 0.548, 0.316, 0.316; min-p 0.5
+    of the top keeps two."""
+    logits = _logits(5000, {7: 0.5, 8: 0.3, 9: 0.1, 4999: 0.1})
+    a, b = math.sqrt(0.5), math.sqrt(0.3)
+    _close(_frequencies(_whole(2.0, min_p=0.5, seed=2), logits), {7: a / (a + b), 8: b / (a + b)})
+
+
+def test_the_cuts_apply_top_k_then_min_p_then_top_p():
+    logits = _logits(3000, {1: 0.4, 2: 0.3, 3: 0.2, 4: 0.1})
+    chain = {"top_k": 3, "min_p": 0.6}  # 1, 2, 3, then 0.24 and above: 1, 2
+    _close(_frequencies(_whole(1.0, top_p=0.5, seed=3, **chain), logits), {1: 1.0})
+    _close(_frequencies(_whole(1.0, top_p=0.6, seed=3, **chain), logits), {1: 4 / 7, 2: 3 / 7})
+
+
+def _chain_draw(x: np.ndarray, s: Sampling, u: float, by_id: bool) -> int:
+    """The definition, one token at a time: weights exp((x - max) / T) in float32; the
+    top_k heaviest (ties: lowest ids); those at least min_p of the heaviest; the
+    heaviest of them until their mass reaches top_p of theirs; the token where the
+    running sum of those (heaviest first, or ``by_id``) passes u times their mass."""
+    w = np.exp((x - x.max()).astype(np.float32) * np.float32(1 / s.temperature))
+    order = sorted(range(x.size), key=lambda t: (-x[t], t))
+    kept = [t for t in order[: s.top_k or x.size] if w[t] >= s.min_p]
+    kept.sort(key=lambda t: (-w[t], t))
+    cum = np.cumsum([float(w[t]) for t in kept])
+    cut = min(int(np.searchsorted(cum, s.top_p * cum[-1])) + 1, cum.size)
+    kept = sorted(kept[:cut]) if by_id else kept[:cut]
+    cum = np.cumsum([float(w[t]) for t in kept])
+    return kept[min(int(np.searchsorted(cum, u * cum[-1], side="right")), cut - 1)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_draw_of_the_chain_is_the_definitions(seed):
+    """Random logits with ties and -inf, the chain's settings varied, the draw fixed
+    at quantiles: the same token as the definition's, on the few-candidates path
+    (heaviest first) and on the whole-vocabulary one (in id order)."""
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.standard_normal(6000) * 3, 1).astype(np.float32)  # ties
+    x[rng.choice(6000, 200, replace=False)] = -np.inf
+    for top_k, min_p, top_p, t in [(40, 0.05, 0.95, 0.8), (7, 0.0, 1.0, 1.0), (0, 0.01, 0.9, 1.5),
+                                   (3000, 1e-9, 0.99, 3.0), (5, 1.0, 0.5, 0.7)]:  # fmt: skip
+        s = _whole(t, top_k=top_k, min_p=min_p, top_p=top_p, seed=1)
+        for argsort_max in (Sampler.ARGSORT_MAX, 0):
+            sampler = Sampler(s)
+            sampler.ARGSORT_MAX = argsort_max
+            for u in (0.0, 0.13, 0.5, 0.77, 0.999):
+                sampler._rng = _Fixed(u)
+                want = _chain_draw(x, s, u, by_id=not argsort_max)
+                assert sampler(x) == want, (top_k, min_p, top_p, t, u)
+
+
+def test_top_k_past_the_finite_logits_never_draws_an_impossible_token():
+    logits = np.full(5000, -np.inf, dtype=np.float32)
+    logits[[3, 4000]] = [0.0, 1.0]
+    drawn = {Sampler(Sampling(1.0, top_k=40, seed=s))(logits) for s in range(100)}
+    assert drawn == {3, 4000}
+
+
+def test_a_chat_draws_from_its_chain_and_refuses_bad_settings():
+    """CHAT samples (llama-server's 0.8) within top-k 40; a bad top_k or min_p is
+    refused by name."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(262_144) * 2).astype(np.float32)
+    top40 = set(np.argsort(-x)[:40].tolist())
+    sampler = Sampler(CHAT)
+    assert CHAT.temperature > 0 and {sampler(x) for _ in range(200)} <= top40
+    for bad in ({"top_k": -1}, {"top_k": 1.5}, {"top_k": True}, {"min_p": 1.5},
+                {"min_p": float("nan")}):  # fmt: skip
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            Sampling(1.0, **bad)
