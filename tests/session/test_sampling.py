@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
-from engine.session.sampling import CHAT, WHOLE, Sampler, Sampling
+from engine.session.sampling import CHAT, WHOLE, LoopGuard, Sampler, Sampling
 
 DRAWS = 8_000
 
@@ -238,3 +238,42 @@ def test_a_chat_draws_from_its_chain_and_refuses_bad_settings():
                 {"min_p": float("nan")}):  # fmt: skip
         with pytest.raises(ConfigError, match=next(iter(bad))):
             Sampling(1.0, **bad)
+
+
+def _ends_in_a_loop(t: list[int], guard: type[LoopGuard]) -> tuple[bool, int]:
+    """LoopGuard's rule read straight off its docstring, on one whole prefix: (a loop,
+    the tokens that only say its first round again)."""
+    for k in guard.PERIODS:
+        span = max(guard.MIN_SPAN, guard.ROUNDS * k)
+        if len(t) >= span and all(t[-i] == t[-i - k] for i in range(1, span - k + 1)):
+            return True, 0
+    for k in guard.LONG:
+        rounds = 2 if k >= guard.TWICE else guard.LONG_ROUNDS
+        if len(t) < rounds * k:
+            break
+        unit = t[-k:]
+        if len(set(unit)) > max(guard.PERIODS) and all(
+            t[len(t) - (r + 1) * k : len(t) - r * k] == unit for r in range(1, rounds)
+        ):
+            return True, (rounds - 1) * k
+    return False, 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_loop_guard_matches_its_rule_token_by_token(seed):
+    """Random answers from a few tokens with loops of every period planted: the
+    guard's verdict and its repeated tokens after each token are the rule's."""
+    rng = np.random.default_rng(seed)
+    t: list[int] = []
+    while len(t) < 300:
+        if rng.random() < 0.3:
+            k = int(rng.integers(1, 40))
+            t += t[-k:] * int(rng.integers(1, 4)) if len(t) >= k else []
+        else:
+            t += rng.integers(0, 12, int(rng.integers(1, 20))).tolist()
+    guard, ended = LoopGuard(), 0
+    for n, token in enumerate(t, 1):
+        want = _ends_in_a_loop(t[:n], LoopGuard)
+        assert (guard(token), guard.repeated if want[0] else 0) == want, n
+        ended += want[0]
+    assert ended  # the planted loops were seen
