@@ -44,8 +44,9 @@ class _Sampling(KvOverrides):
     model: str | None = None
     temperature: float = Field(default=CHAT.temperature, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(default=CHAT.top_p, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = Field(default=CHAT.top_k, ge=0, le=MAX_TOP_K)  # 0: off
-    min_p: float = Field(default=CHAT.min_p, ge=0, le=1, allow_inf_nan=False)  # 0: off
+    # llama-server's extensions: JSON numbers only (strict: no true, "3" or 2.0)
+    top_k: int = Field(default=CHAT.top_k, le=MAX_TOP_K, strict=True)  # <= 0: off
+    min_p: float = Field(default=CHAT.min_p, ge=0, le=1, allow_inf_nan=False, strict=True)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False

@@ -4,6 +4,7 @@ with a seed."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,14 +16,15 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class Sampling:
-    """``temperature`` 0 is greedy; otherwise softmax(logits / T) cut to the ``top_k``
-    most likely tokens (0: all), to those at least ``min_p`` times as likely as the most
-    likely one (0: all) and then to the nucleus of mass ``top_p`` among what is left.
-    The defaults of top-p, top-k and min-p are llama.cpp's llama-server's, LM Studio's
-    and llama-cpp-python's server's: they cut the tail a small model's softmax spreads
-    over a large vocabulary, and let the sampler skip it (0.3 ms a token for Gemma's
-    262,144 entries against 2.4 ms for top-p alone). ``CHAT`` adds a chat's
-    temperature."""
+    """``temperature`` 0 is greedy; otherwise a token of softmax(logits / T) over what
+    the cuts keep: the ``top_k`` most likely tokens (0: all), the nucleus of mass
+    ``top_p`` among them, and of those, the ones at least ``min_p`` times as likely as
+    the most likely (0: all), each cut on the softmax of the logits as they are
+    (llama.cpp's order; see ``Sampler``). The cuts' defaults are llama.cpp's
+    llama-server's, as LM Studio and llama-cpp-python's server have them: they cut the
+    tail a small model's softmax spreads over a large vocabulary, and let the sampler
+    skip it (0.2 ms a token for Gemma's 262,144 entries against 1.4-2.4 ms for top-p
+    alone). ``CHAT`` adds an API request's temperature."""
 
     temperature: float = 0.0
     top_p: float = 0.95
@@ -37,10 +39,11 @@ class Sampling:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k must be a whole number >= 0 (0: off), got {self.top_k}")
-        if not 0 <= self.min_p <= 1:  # also refuses nan
-            raise ConfigError(f"min_p must be in [0, 1] (0: off), got {self.min_p}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ConfigError(f"top_k must be a whole number >= 0 (0: off), got {k!r}")
+        if isinstance(self.min_p, bool) or not 0 <= self.min_p <= 1:  # also refuses nan
+            raise ConfigError(f"min_p must be in [0, 1] (0: off), got {self.min_p!r}")
 
 
 CHAT = Sampling(temperature=0.8)
@@ -81,21 +84,21 @@ def _search(blocks: np.ndarray, cum: np.ndarray, target: float, side: str) -> in
 class Sampler:
     """Draws tokens according to a ``Sampling``; one per generation.
 
-    The draw is softmax(logits / T) cut to the ``top_k`` most likely tokens and to
-    those at least ``min_p`` times as likely as the most likely one (Nguyen et al.
-    2024, min-p sampling), both found by thresholds on the logits with no softmax over
-    the vocabulary, then to the smallest set of most likely tokens whose mass reaches
-    ``top_p`` (Holtzman et al. 2020, nucleus sampling). Over the whole vocabulary that
-    is O(vocab) float32 passes: the nucleus is sorted alone, found among the tokens
-    within a factor of the most likely one (``NUCLEUS_FLOORS``), which hold it
-    whenever their mass reaches ``top_p``; below the floors, by its weight threshold in
-    the sorted weights (no argsort). Ties at a cut keep the lowest token ids. One
-    uniform draw a token, as ``Generator.choice`` makes."""
+    In llama.cpp's order (llama-server's chain): the ``top_k`` most likely tokens, then
+    the nucleus of mass ``top_p`` among them (Holtzman et al. 2020), then those at least
+    ``min_p`` times as likely as the most likely one (Nguyen et al. 2024), each on the
+    softmax of the logits as they are; the token is drawn from softmax(logits / T) over
+    what is left, so a high temperature spreads the draw over the kept tokens and never
+    reaches the tail. Top-k and min-p are thresholds on the logits: the default chain
+    never exponentiates the vocabulary. A nucleus over the whole vocabulary (top-k off)
+    takes O(vocab) float32 passes: it is sorted alone, found among the tokens within a
+    factor of the most likely one (``NUCLEUS_FLOORS``), which hold it whenever their mass
+    reaches ``top_p``; below the floors, by its weight threshold in the sorted weights.
+    Ties at a cut keep the lowest token ids. One uniform draw a token."""
 
     NUCLEUS_FLOORS = (1e-3, 1e-6)  # weight / the largest weight
     ARGSORT_MAX = 4096  # more candidates than this: the weights are sorted, not indices
-    TOP_K_SPAN = 4.0  # logits below the largest where top-k's first search stops
-    MIN_P_SLACK = 1e-5  # relative: the logits' threshold errs wide, the weights decide
+    ZERO_BEYOND = 104.0  # logits this far below the largest, over T, weigh 0 in float32
 
     def __init__(self, sampling: Sampling) -> None:
         self.sampling = sampling
@@ -106,27 +109,39 @@ class Sampler:
         if s.temperature == 0:
             return int(np.argmax(logits))
         x = np.asarray(logits)
-        top, inverse = x.max(), 1.0 / s.temperature
+        if x.dtype != np.float64:
+            x = x.astype(np.float32, copy=False)  # float16 would overflow in x - top
+        top, inverse = float(x.max()), 1.0 / s.temperature
         if not (math.isfinite(top) and inverse < FLOAT32_MAX):  # NaN/inf, or T too small
             return int(np.argmax(x))
+        ids = None  # None: every token
+        if 0 < s.top_k < x.size:
+            ids = _top_k(x, s.top_k, top, self.ZERO_BEYOND * max(s.temperature, 1.0))
+        if s.top_p < 1:
+            ids = self._nucleus_ids(x, top, ids)
+        if s.min_p > 0:
+            ids = _min_p(x, top, s.min_p, ids)
         # the smallest float32 step at least: a huge T leaves -inf logits at weight 0
         scale = np.float32(max(inverse, 1e-45))
-        ids = self._candidates(x, float(top), float(scale))
-        with np.errstate(over="ignore"):  # -3e38 - 3e38 is -inf: weight 0
-            # <= 0 in the logits' own precision, so the weights are in [0, 1]
-            w = np.asarray((x if ids is None else x[ids]) - top, dtype=np.float32)
-        w *= scale
-        np.exp(w, out=w)
+        if ids is None:
+            return self._draw_any(_weights(x, top, scale))
+        w = _weights(x[ids], top, scale)
+        if ids.size > self.ARGSORT_MAX:
+            return self._draw_any(_spread(ids, w, x.size))
+        order = np.argsort(-w, kind="stable")
+        cum = np.cumsum(w[order], dtype=np.float64)
+        at = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
+        return int(ids[order[min(at, cum.size - 1)]])
+
+    def _nucleus_ids(self, x: np.ndarray, top: float, ids: np.ndarray | None) -> np.ndarray:
+        """The ids (ascending) of the nucleus of mass ``top_p`` among ``ids`` (None:
+        the vocabulary), by the softmax of the logits as they are."""
+        w = _weights(x if ids is None else x[ids], top, ONE)
+        if ids is not None and ids.size <= self.ARGSORT_MAX:
+            return _heaviest(ids, w, self.sampling.top_p * float(w.sum(dtype=np.float64)))
         if ids is not None:
-            if s.min_p > 0:
-                keep = np.flatnonzero(w >= s.min_p)
-                ids, w = ids[keep], w[keep]
-            if ids.size <= self.ARGSORT_MAX:
-                return self._draw_sorted(ids, w, s.top_p * float(w.sum(dtype=np.float64)))
             w = _spread(ids, w, x.size)
-        if s.top_p >= 1:
-            return self._draw_any(w)
-        target = s.top_p * float(w.sum(dtype=np.float64))
+        target = self.sampling.top_p * float(w.sum(dtype=np.float64))
         near = np.arange(w.size)
         for floor in self.NUCLEUS_FLOORS:
             above = np.flatnonzero(w >= floor)
@@ -134,27 +149,13 @@ class Sampler:
                 near = above  # the nucleus lies among these
                 break
         if near.size <= self.ARGSORT_MAX:
-            return self._draw_sorted(near, w[near], target)
-        return self._draw_any(self._nucleus(w, np.sort(w[near]), target))
-
-    def _candidates(self, x: np.ndarray, top: float, scale: float) -> np.ndarray | None:
-        """The token ids (ascending) that top-k and min-p may keep, from the logits
-        alone; None where neither cuts. Min-p's own cut is on the weights, after."""
-        s = self.sampling
-        ids = None
-        if s.min_p > 0:
-            floor = top + math.log(s.min_p) / scale
-            ids = np.flatnonzero(x >= floor - self.MIN_P_SLACK * (1 + abs(floor)))
-        if 0 < s.top_k < (x.size if ids is None else ids.size):
-            if ids is None:
-                return _top_k(x, s.top_k, top, self.TOP_K_SPAN)
-            ids = _top_k_of(x, s.top_k, ids)
-        return ids
+            return _heaviest(near, w[near], target)
+        return np.flatnonzero(self._nucleus(w, np.sort(w[near]), target))
 
     @staticmethod
     def _nucleus(w: np.ndarray, ascending: np.ndarray, target: float) -> np.ndarray:
-        """``w`` with every token outside the nucleus of mass ``target`` at 0, from the
-        nucleus's candidates' weights sorted (``ascending``): the weight where their
+        """Which tokens of weights ``w`` are in the nucleus of mass ``target``, from
+        the nucleus's candidates' weights sorted (``ascending``): the weight where their
         sum from the top reaches it, the tokens above it and as many tied with it as
         the nucleus holds (a sort of values, not of indices)."""
         v = ascending[::-1]
@@ -162,7 +163,7 @@ class Sampler:
         keep = w > v[k]
         ties = np.flatnonzero(w == v[k])[: k + 1 - int(np.count_nonzero(keep))]
         keep[ties] = True
-        return np.where(keep, w, np.float32(0))
+        return keep
 
     def _draw_any(self, w: np.ndarray) -> int:
         """A token of the whole vocabulary, as likely as its weight in ``w``: the block
@@ -170,14 +171,24 @@ class Sampler:
         blocks, cum = _block_sums(w)
         return _search(blocks, cum, self._rng.random() * cum[-1], "right")
 
-    def _draw_sorted(self, ids: np.ndarray, w: np.ndarray, target: float) -> int:
-        """One of ``ids`` (ascending) as likely as its weight ``w``, among the most
-        likely whose running sum reaches ``target``: an argsort of the few."""
-        order = np.argsort(-w, kind="stable")
-        cum = np.cumsum(w[order], dtype=np.float64)
-        cut = min(int(np.searchsorted(cum, target)) + 1, cum.size)
-        at = int(np.searchsorted(cum[:cut], self._rng.random() * cum[cut - 1], side="right"))
-        return int(ids[order[min(at, cut - 1)]])
+
+ONE = np.float32(1.0)  # the logits as they are: top-k, top-p and min-p's softmax
+
+
+def _weights(x: np.ndarray, top: float, scale: np.float32) -> np.ndarray:
+    """exp((x - top) * scale) in float32: in [0, 1], 1 at the largest logit ``top``."""
+    with np.errstate(over="ignore"):  # -3e38 - 3e38 is -inf: weight 0
+        w = np.asarray(x - top, dtype=np.float32)
+    w *= scale
+    return np.exp(w, out=w)
+
+
+def _heaviest(ids: np.ndarray, w: np.ndarray, target: float) -> np.ndarray:
+    """The ids (ascending) of the heaviest of ``ids`` (weights ``w``; ties: the lowest
+    ids) whose running sum reaches ``target``: an argsort of the few."""
+    order = np.argsort(-w, kind="stable")
+    cum = np.cumsum(w[order], dtype=np.float64)
+    return np.sort(ids[order[: min(int(np.searchsorted(cum, target)) + 1, cum.size)]])
 
 
 def _spread(ids: np.ndarray, w: np.ndarray, size: int) -> np.ndarray:
@@ -187,16 +198,54 @@ def _spread(ids: np.ndarray, w: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def _top_k(x: np.ndarray, k: int, top: float, span: float) -> np.ndarray:
-    """The ids (ascending) of the ``k`` largest logits ``x``, whose largest is ``top``:
-    among those within ``span`` of it, widened fourfold until ``k`` are (a pass of the
-    vocabulary each, cheaper than a partition of it)."""
-    for _ in range(6):
-        found = np.flatnonzero(x >= top - span)
-        if found.size >= k:
-            return _top_k_of(x, k, found)
-        span *= 4
-    return _top_k_of(x, k, np.arange(x.size))  # -inf logits among the k
+def _above(x: np.ndarray, floor: float) -> np.ndarray:
+    """The ids (ascending) of logits at least ``floor`` (a floor below the float32
+    range is the range's bottom: no cast overflows)."""
+    return np.flatnonzero(x >= max(floor, -FLOAT32_MAX))
+
+
+def _min_p(x: np.ndarray, top: float, min_p: float, ids: np.ndarray | None) -> np.ndarray:
+    """The ids of ``ids`` (None: the vocabulary) at least ``min_p`` times as likely as
+    the most likely token: logit - ``top`` >= ln(min_p), decided in float64 after a
+    float32 threshold with room for its rounding."""
+    floor = math.log(min_p)
+    if ids is None:
+        cut = top + floor
+        ids = _above(x, cut - 1e-5 * (1 + abs(cut)))
+    return ids[x[ids].astype(np.float64) - top >= floor]
+
+
+def _top_k(x: np.ndarray, k: int, top: float, zero_beyond: float) -> np.ndarray:
+    """The ids (ascending) of the ``k`` largest logits ``x`` (largest ``top``), or of
+    fewer where the rest lie ``zero_beyond`` below it (they weigh 0 at every step):
+    a threshold found by counts (a pass each, no ids), doubled until ``k`` are above
+    it, then halved between a span too narrow and one holding far more, so the
+    partition is of a few (Gemma 3's logits, k 40: one pass for two tokens in three)."""
+    narrow, wide = 0.0, None  # spans with fewer than k above, and with k or more
+    span = 8.0
+    for _ in range(8):
+        n = int(np.count_nonzero(x >= max(top - span, -FLOAT32_MAX)))
+        if n < k:
+            narrow = span
+            if wide is None and span >= zero_beyond:
+                break  # the rest weigh nothing at any step
+        else:
+            wide = span
+            if n <= 64 * k:
+                break
+        if wide is None:
+            span *= 2
+        else:  # an eighth while nothing is too narrow yet (flat logits), else between
+            span = (narrow + wide) / 2 if narrow else wide / 8
+    if wide is not None:
+        found = _above(x, top - wide)
+    elif span >= zero_beyond:
+        found = _above(x, top - span)  # fewer than k: all that weigh anything
+    else:  # spread beyond the search (a huge temperature): every finite logit
+        found = np.flatnonzero(x > -np.inf)
+    if found.size > k and float(x[found].min()) == top:
+        return found[:k]  # all tied at the top (flat logits): the lowest ids
+    return _top_k_of(x, k, found)
 
 
 def _top_k_of(x: np.ndarray, k: int, ids: np.ndarray) -> np.ndarray:

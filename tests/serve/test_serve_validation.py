@@ -158,6 +158,17 @@ def test_a_tiny_temperature_is_greedy_not_an_error():
     assert job.spec.sampling.temperature == 0.0
 
 
+def test_sampling_takes_llama_servers_cuts_and_defaults():
+    """top_k and min_p as llama-server has them: 40 and 0.05 unless given, a top_k of
+    0 or less is off (vLLM's clients send -1)."""
+    job, _ = _completion()
+    s = job.spec.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.8, 0.95, 40, 0.05)
+    for given, off in ((-1, 0), (0, 0), (-7, 0), (5, 5)):
+        assert _completion(top_k=given)[0].spec.sampling.top_k == off
+    assert _completion(min_p=0, top_p=0.5)[0].spec.sampling.min_p == 0.0
+
+
 # requests the server refuses, before any tokenizing when it can
 
 
@@ -230,10 +241,13 @@ def test_chat_refusals():
         ('"temperature": "hot"', "temperature"),
         ('"top_p": 0', "top_p"),
         ('"top_p": 1.5', "top_p"),
-        ('"top_k": -1', "top_k"),
         ('"top_k": 2.5', "top_k"),
+        ('"top_k": true', "top_k"),
+        ('"top_k": "3"', "top_k"),
+        ('"top_k": 2147483648', "top_k"),
         ('"min_p": 1.5', "min_p"),
         ('"min_p": NaN', "min_p"),
+        ('"min_p": "0.5"', "min_p"),
         ('"kv_keep_ratio": NaN', "kv_keep_ratio"),
         ('"kv_keep_ratio": 0', "kv_keep_ratio"),
         ('"kv_keep_ratio": -0.5', "kv_keep_ratio"),

@@ -156,9 +156,12 @@ def test_extreme_temperatures_and_precise_logits():
     weights = np.exp([-3.0, 0.0, -6.0])  # (logit - the largest) / 0.01
     want = {t: float(p) for t, p in enumerate(weights / weights.sum())}
     _close(_frequencies(_whole(0.01, seed=4), precise, 4000), want, 4000)
-    with np.errstate(all="raise"):  # no numpy warnings on extreme inputs
-        Sampler(_whole(1e-300, seed=1))(np.array([1.0, 2.0], dtype=np.float32))
-        Sampler(_whole(1.0, seed=1))(np.array([-3e38, 3e38], dtype=np.float32))
+    with np.errstate(all="raise", under="ignore"):  # no numpy warnings on extreme inputs
+        for chain in ({**WHOLE}, {}, {"top_k": 0}, {"min_p": 1e-30}):
+            Sampler(Sampling(1e-300, seed=1, **chain))(np.array([1.0, 2.0], dtype=np.float32))
+            Sampler(Sampling(1.0, seed=1, **chain))(np.array([-3e38, 3e38], dtype=np.float32))
+            Sampler(Sampling(1e46, seed=1, **chain))(np.array([-3e38, 0.0], dtype=np.float32))
+            Sampler(Sampling(1e5, seed=1, **chain))(np.array([-6e4, 6e4], dtype=np.float16))
 
 
 def test_top_k_keeps_the_k_most_likely_and_ties_keep_the_lowest_ids():
@@ -168,44 +171,57 @@ def test_top_k_keeps_the_k_most_likely_and_ties_keep_the_lowest_ids():
     _close(_frequencies(_whole(1.0, top_k=3, seed=1), logits), want)
 
 
-def test_min_p_keeps_what_is_that_likely_against_the_top_after_temperature():
-    """At T 2 the weights are the square roots: 0.707, 0.548, 0.316, 0.316; min-p 0.5
-    of the top keeps two."""
+def test_min_p_cuts_on_the_logits_as_they_are_then_the_temperature_draws():
+    """min-p 0.4 of the top's 0.5 keeps 0.3 and drops 0.1; then at T 2 the draw is
+    by the square roots of the two kept (after the temperature, 0.1's share of the
+    top would have been 0.45: kept)."""
     logits = _logits(5000, {7: 0.5, 8: 0.3, 9: 0.1, 4999: 0.1})
     a, b = math.sqrt(0.5), math.sqrt(0.3)
-    _close(_frequencies(_whole(2.0, min_p=0.5, seed=2), logits), {7: a / (a + b), 8: b / (a + b)})
+    _close(_frequencies(_whole(2.0, min_p=0.4, seed=2), logits), {7: a / (a + b), 8: b / (a + b)})
 
 
-def test_the_cuts_apply_top_k_then_min_p_then_top_p():
+def test_the_cuts_apply_top_k_then_top_p_then_min_p():
+    """llama.cpp's order. Top-k 3 keeps 1, 2, 3; top-p 0.6 of their 0.9 keeps 1, 2;
+    min-p 0.6 of 0.4 keeps both. Without top-k, top-p 0.5 keeps 1 and 2 before min-p
+    (after min-p's renormalization it would keep 1 alone)."""
     logits = _logits(3000, {1: 0.4, 2: 0.3, 3: 0.2, 4: 0.1})
-    chain = {"top_k": 3, "min_p": 0.6}  # 1, 2, 3, then 0.24 and above: 1, 2
-    _close(_frequencies(_whole(1.0, top_p=0.5, seed=3, **chain), logits), {1: 1.0})
-    _close(_frequencies(_whole(1.0, top_p=0.6, seed=3, **chain), logits), {1: 4 / 7, 2: 3 / 7})
+    got = _frequencies(_whole(1.0, top_k=3, top_p=0.6, min_p=0.6, seed=3), logits)
+    _close(got, {1: 4 / 7, 2: 3 / 7})
+    _close(_frequencies(_whole(1.0, top_p=0.5, min_p=0.6, seed=3), logits), {1: 4 / 7, 2: 3 / 7})
+    _close(_frequencies(_whole(1.0, top_k=3, top_p=0.4, seed=3), logits), {1: 1.0})
 
 
-def _chain_draw(x: np.ndarray, s: Sampling, u: float, by_id: bool) -> int:
-    """The definition, one token at a time: weights exp((x - max) / T) in float32; the
-    top_k heaviest (ties: lowest ids); those at least min_p of the heaviest; the
-    heaviest of them until their mass reaches top_p of theirs; the token where the
-    running sum of those (heaviest first, or ``by_id``) passes u times their mass."""
-    w = np.exp((x - x.max()).astype(np.float32) * np.float32(1 / s.temperature))
-    order = sorted(range(x.size), key=lambda t: (-x[t], t))
-    kept = [t for t in order[: s.top_k or x.size] if w[t] >= s.min_p]
-    kept.sort(key=lambda t: (-w[t], t))
+def _chain_draw(x: np.ndarray, s: Sampling, u: float, argsort_max: int) -> int:
+    """The definition, one token at a time: on the weights exp(x - max) in float32,
+    the top_k heaviest (ties: lowest ids), the heaviest of them until their mass
+    reaches top_p of theirs, those whose logit is at least ln(min_p) below the max;
+    then the token where the running sum of exp((x - max) / T) over those (heaviest
+    first; by id where more than ``argsort_max`` are left) passes u times their mass."""
+    top = float(x.max())
+    w1 = np.exp((x - top).astype(np.float32))
+    kept = sorted(range(x.size), key=lambda t: (-x[t], t))[: s.top_k or x.size]
+    if s.top_p < 1:
+        kept.sort(key=lambda t: (-w1[t], t))
+        cum = np.cumsum([float(w1[t]) for t in kept])
+        kept = kept[: min(int(np.searchsorted(cum, s.top_p * cum[-1])) + 1, cum.size)]
+    if s.min_p > 0:
+        kept = [t for t in kept if float(x[t]) - top >= math.log(s.min_p)]
+    w = np.exp((x - top).astype(np.float32) * np.float32(1 / s.temperature))
+    by_id = len(kept) > argsort_max  # (a list is empty while it sorts)
+    kept.sort(key=lambda t: t if by_id else (-w[t], t))
     cum = np.cumsum([float(w[t]) for t in kept])
-    cut = min(int(np.searchsorted(cum, s.top_p * cum[-1])) + 1, cum.size)
-    kept = sorted(kept[:cut]) if by_id else kept[:cut]
-    cum = np.cumsum([float(w[t]) for t in kept])
-    return kept[min(int(np.searchsorted(cum, u * cum[-1], side="right")), cut - 1)]
+    return kept[min(int(np.searchsorted(cum, u * cum[-1], side="right")), cum.size - 1)]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_each_draw_of_the_chain_is_the_definitions(seed):
-    """Random logits with ties and -inf, the chain's settings varied, the draw fixed
-    at quantiles: the same token as the definition's, on the few-candidates path
-    (heaviest first) and on the whole-vocabulary one (in id order)."""
+@pytest.mark.parametrize(("seed", "spread"), [(0, 3.0), (1, 3.0), (2, 0.01), (3, 300.0)])
+def test_each_draw_of_the_chain_is_the_definitions(seed, spread):
+    """Random logits with ties and -inf, peaked, flat (top-k's threshold narrows) and
+    spread wide (it widens past what can weigh anything), the chain's settings varied,
+    the draw fixed at quantiles: the same token as the definition's, on the
+    few-candidates path (heaviest first) and on the whole-vocabulary one (in id
+    order, where more than ``ARGSORT_MAX`` are left)."""
     rng = np.random.default_rng(seed)
-    x = np.round(rng.standard_normal(6000) * 3, 1).astype(np.float32)  # ties
+    x = np.round(rng.standard_normal(6000) * spread, 3).astype(np.float32)  # ties
     x[rng.choice(6000, 200, replace=False)] = -np.inf
     for top_k, min_p, top_p, t in [(40, 0.05, 0.95, 0.8), (7, 0.0, 1.0, 1.0), (0, 0.01, 0.9, 1.5),
                                    (3000, 1e-9, 0.99, 3.0), (5, 1.0, 0.5, 0.7)]:  # fmt: skip
@@ -215,15 +231,21 @@ def test_each_draw_of_the_chain_is_the_definitions(seed):
             sampler.ARGSORT_MAX = argsort_max
             for u in (0.0, 0.13, 0.5, 0.77, 0.999):
                 sampler._rng = _Fixed(u)
-                want = _chain_draw(x, s, u, by_id=not argsort_max)
+                want = _chain_draw(x, s, u, argsort_max)
                 assert sampler(x) == want, (top_k, min_p, top_p, t, u)
 
 
 def test_top_k_past_the_finite_logits_never_draws_an_impossible_token():
-    logits = np.full(5000, -np.inf, dtype=np.float32)
-    logits[[3, 4000]] = [0.0, 1.0]
-    drawn = {Sampler(Sampling(1.0, top_k=40, seed=s))(logits) for s in range(100)}
-    assert drawn == {3, 4000}
+    """-inf logits, or a -1e4 fill (weight 0 at any temperature the API allows), are
+    never drawn; all tied logits keep the lowest ids."""
+    for fill in (-np.inf, -1e4):
+        logits = np.full(262_144, fill, dtype=np.float32)
+        logits[[3, 4000]] = [0.0, 1.0]
+        for chain in ({"top_k": 40, "min_p": 0.0}, {}):
+            drawn = {Sampler(Sampling(2.0, seed=s, **chain))(logits) for s in range(60)}
+            assert drawn == {3, 4000}, (fill, chain)
+    flat = np.zeros(262_144, dtype=np.float32)
+    assert {Sampler(Sampling(1.0, seed=s))(flat) for s in range(60)} <= set(range(40))
 
 
 def test_a_chat_draws_from_its_chain_and_refuses_bad_settings():
