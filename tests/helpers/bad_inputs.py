@@ -93,3 +93,21 @@ def models(tmp: Path) -> dict[str, tuple[Path, str]]:
     out["folder.gguf"] = (tmp / "folder.gguf", "not a file")
     out["missing.gguf"] = (tmp / "missing.gguf", "not found")
     return out
+
+
+SAMPLING_REFUSED = [  # (raw JSON of one field, the field a 400 names)
+    ('"seed": -1', "seed"),
+    ('"temperature": NaN', "temperature"),
+    ('"temperature": Infinity', "temperature"),
+    ('"temperature": -1', "temperature"),
+    ('"top_p": 0', "top_p"),
+    ('"top_p": 1.5', "top_p"),
+    ('"top_k": 2.5', "top_k"),
+    ('"top_k": true', "top_k"),
+    ('"top_k": "3"', "top_k"),
+    ('"top_k": 2147483648', "top_k"),
+    ('"min_p": 1.5', "min_p"),
+    ('"min_p": NaN', "min_p"),
+    ('"min_p": "0.5"', "min_p"),
+]
+"""Sampling fields a request may not carry: NaN is not JSON, so each is raw text."""

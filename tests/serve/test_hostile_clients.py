@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from helpers.bad_inputs import SAMPLING_REFUSED
 from helpers.docs_for_tests import prose
 
 from engine.cli.main import main as cli_main
@@ -203,19 +204,7 @@ def test_kv_budget_is_capped_by_the_server(server):
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
-        ('"seed": -1', "seed"),
-        ('"temperature": NaN', "temperature"),
-        ('"temperature": Infinity', "temperature"),
-        ('"temperature": -1', "temperature"),
-        ('"top_p": 0', "top_p"),
-        ('"top_p": 1.5', "top_p"),
-        ('"top_k": 2.5', "top_k"),
-        ('"top_k": true', "top_k"),
-        ('"top_k": "3"', "top_k"),
-        ('"top_k": 2147483648', "top_k"),
-        ('"min_p": 1.5', "min_p"),
-        ('"min_p": NaN', "min_p"),
-        ('"min_p": "0.5"', "min_p"),
+        *SAMPLING_REFUSED,
         ('"kv_keep_ratio": NaN', "kv_keep_ratio"),
         ('"max_tokens": -1', "max_tokens"),
         ('"max_tokens": 1000000000', "max_tokens"),
