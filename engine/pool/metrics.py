@@ -66,6 +66,7 @@ def snapshot(
         "tokens": tokens,
         "mean_batch_tokens": tokens / steps if steps else 0.0,
         "decode_s": scheduler.decode_s,
+        "owed_s": scheduler.owed_s,
         "kv_bytes": ctx.n_ctx * kv_layout.global_cell_bytes
         + ctx.swa_cells * kv_layout.swa_cell_bytes,
         "sequences": seqs,

@@ -120,6 +120,8 @@ class Scheduler:
         self.tokens = 0  # tokens decoded
         self.peak_cells = 0  # most cells held by all sequences at once
         self.decode_s = 0.0
+        self.owed_s = 0.0  # seconds between decodes while a sequence was owed back
+        self._owed_since: float | None = None  # the last decode's end, if it left some owed
         self._thread = threading.Thread(target=self._loop, name="kvtrim-pool", daemon=True)
         self._thread.start()
 
@@ -283,10 +285,14 @@ class Scheduler:
     # -- one decode -------------------------------------------------------
 
     def _run(self, steps: list[_Step]) -> None:
+        if self._owed_since is not None:  # the sequences' Python since the last decode
+            self.owed_s += time.perf_counter() - self._owed_since
         for step in steps:
             step.requeue = False
         for group in self._groups(steps):
             self._decode(group)
+        with self._cond:
+            self._owed_since = time.perf_counter() if self._owed else None
 
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""

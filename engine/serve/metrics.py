@@ -98,6 +98,12 @@ class Metrics:
             "time is waiting, reading attention, scoring and sampling)",
             registry=r,
         )
+        self.pool_owed_s = Gauge(
+            "kvtrim_pool_owed_seconds",
+            "Seconds the next llama_decode waited for the sequences the last one answered "
+            "(sampling, stop checks, evictions: Python between decodes), in all",
+            registry=r,
+        )
         labels = ["seq"]
         self.seq_share = Gauge(
             "kvtrim_sequence_share_cells", "KV cells a running request may hold", labels, registry=r
@@ -134,6 +140,7 @@ class Metrics:
         self.pool_steps.set(snapshot["steps"])
         self.pool_tokens.set(snapshot.get("tokens", 0))
         self.pool_decode_s.set(snapshot.get("decode_s", 0.0))
+        self.pool_owed_s.set(snapshot.get("owed_s", 0.0))
         per_seq = (
             self.seq_share,
             self.seq_share_ratio,

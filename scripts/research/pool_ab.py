@@ -1,6 +1,7 @@
 """kvtrim serve's throughput under server options, alternating in one run: 16
 distinct ~170-token completions of 32 greedy tokens from N clients after a 3-request
-warm-up, and the pool's /metrics after (decode steps, llama_decode seconds).
+warm-up (``--chars``, ``--max-tokens``: another mix), and the pool's /metrics after
+(decode steps, llama_decode seconds, the seconds decodes waited for Python).
 
     .venv/bin/python scripts/research/pool_ab.py --rounds 2 \\
         --variant "" --variant "--kv-layout streams"
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from engine.bench.texts import window  # noqa: E402
 
 METRICS = ("kvtrim_pool_decode_steps ", "kvtrim_pool_batch_tokens_mean ",
-           "kvtrim_pool_decode_seconds ")  # fmt: skip
+           "kvtrim_pool_decode_seconds ", "kvtrim_pool_owed_seconds ")  # fmt: skip
 
 
 def _port() -> int:
@@ -36,22 +37,29 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _send(url: str, prompts: list[str], clients: int) -> None:
-    def one(prompt: str) -> None:
-        body = {"prompt": prompt, "max_tokens": 32, "temperature": 0}
-        httpx.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+def _send(url: str, prompts: list[str], clients: int, max_tokens: int = 32) -> int:
+    """Send ``prompts`` from ``clients`` threads; the answer tokens they got."""
+
+    def one(prompt: str) -> int:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+        reply.raise_for_status()
+        return int(reply.json()["usage"]["completion_tokens"])
 
     with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, prompts))
+        return sum(pool.map(one, prompts))
 
 
-def run(extra: list[str], parallel: int, clients: int, n: int = 16) -> str:
+def run(
+    extra: list[str], parallel: int, clients: int, n: int = 16, chars: int = 700, out: int = 32
+) -> str:
     """One server start: requests/s and the pool's figures, as one line."""
     port = _port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port),
            "--threads", "2", "--parallel", str(parallel), "--kv-cells", "2048",
-           "--budget", "512", *extra]  # fmt: skip
+           "--budget", "512"]  # fmt: skip
+    cmd += extra
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -60,14 +68,15 @@ def run(extra: list[str], parallel: int, clients: int, n: int = 16) -> str:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        prompts = [window(20_000 * i + 7, 700) + "\n\nIn short," for i in range(n + 3)]
-        _send(url, prompts[n:], clients)  # warm-up
+        prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(n + 3)]
+        _send(url, prompts[n:], clients, out)  # warm-up
         start = time.perf_counter()
-        _send(url, prompts[:n], clients)
-        rate = n / (time.perf_counter() - start)
+        tokens = _send(url, prompts[:n], clients, out)
+        seconds = time.perf_counter() - start
+        rate = n / seconds
         metrics = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
         pool = [ln for ln in metrics if ln.startswith(METRICS)]
-        return f"{rate:.2f} req/s  " + "  ".join(pool)
+        return f"{rate:.2f} req/s  {tokens / seconds:.1f} answer tok/s  " + "  ".join(pool)
     finally:
         server.terminate()
         server.wait(30)
@@ -79,10 +88,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--parallel", type=int, default=8)
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--chars", type=int, default=700, help="prompt characters (700: ~160 tokens)")
+    p.add_argument("--max-tokens", type=int, default=32, help="answer tokens a request asks")
     args = p.parse_args()
     for r in range(args.rounds):
         for variant in args.variant or [""]:
-            line = run(shlex.split(variant), args.parallel, args.clients)
+            line = run(shlex.split(variant), args.parallel, args.clients, chars=args.chars,
+                       out=args.max_tokens)  # fmt: skip
             print(f"round {r} [{variant or 'defaults'}]: {line}", flush=True)
 
 

@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--gil", action="store_true", help="only samples of the thread holding the GIL")
     args = p.parse_args()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -96,7 +97,8 @@ def main() -> None:
         _wait(url)
         _load(url, args.clients, 3)  # warm-up
         spy = subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--native", "--threads",
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--threads",
+             *(["--gil"] if args.gil else ["--native"]),
              "--format", "raw", "--rate", "200", "-o", str(raw), "--pid", str(server.pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

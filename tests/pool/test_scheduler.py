@@ -86,3 +86,20 @@ def test_a_batch_waits_for_every_sequence_it_answered_not_for_a_timer():
     full = [b for b in ctx.batches if b == [1, 2, 3]]
     assert len(full) >= 5 and len(ctx.batches) <= 7, ctx.batches
     assert sum(len(b) for b in ctx.batches) == 18  # every step decoded once
+
+
+def test_the_time_decodes_wait_for_python_is_counted():
+    """``owed_s`` (``kvtrim_pool_owed_seconds``): between two decodes, the time the
+    sequences the first answered took to ask again; a rest after the last is not."""
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
+    for step in range(4):
+        s.submit(1, threading.Event(), [1], step, True, False, None)
+        time.sleep(0.05)  # this sequence's work between its steps
+    s.forget(1)
+    time.sleep(0.2)  # resting: no decode waits for it
+    s.stop()
+    s.join()
+    assert len(ctx.batches) == 4
+    assert 0.15 <= s.owed_s < 0.4, s.owed_s

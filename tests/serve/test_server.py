@@ -283,6 +283,8 @@ def test_metrics_show_each_running_request_in_the_pool(server, client):
     # failed on a machine loaded beside the suite)
     alive_s = time.perf_counter() - server.started
     assert decode_s and 0 < float(decode_s[0].split()[1]) < alive_s
+    owed_s = [ln for ln in after.splitlines() if ln.startswith("kvtrim_pool_owed_seconds ")]
+    assert owed_s and 0 <= float(owed_s[0].split()[1]) < alive_s
 
 
 def test_a_document_asked_about_twice_is_read_once(server, client):
