@@ -115,6 +115,7 @@ class Capture:
         self.key_shape = key_shape
         self._wanted = {str(layer).encode() for layer in self.layers}
         self._armed = False
+        self._live = False  # some node of this decode may still be read
         self._keys = False
         self._parts: list[_Part] = []
         self._n_rows = 0
@@ -131,6 +132,7 @@ class Capture:
         self._parts = [_Part(s) for s in segments]
         self._armed = any(s.wanted for s in segments)
         self._keys = any(s.keys for s in segments)
+        self._live = self._armed
         self._n_rows = n_rows
         self._n_streams = n_streams
         self._seconds = 0.0
@@ -138,7 +140,7 @@ class Capture:
 
     def take(self) -> list[Captured]:
         """What the last armed decode captured, one per segment; disarms."""
-        self._armed = False
+        self._armed = self._live = False
         if self.error is not None:
             raise self.error
         out = []
@@ -154,7 +156,9 @@ class Capture:
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
         # ask=True: do we want this node? ask=False: it is computed, read it; returning
         # False then would stop the graph, so every path below answers "not ask".
-        if not self._armed or not tensor:
+        # Most nodes of most decodes end at the first test (a pooled step that fits
+        # reads only which cells it sees, from its first layer).
+        if not self._live or not tensor:
             return not ask
         name = _ggml.tensor_name_bytes(tensor)
         if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._wanted:
@@ -176,6 +180,7 @@ class Capture:
             read(tensor)
         except BaseException as exc:  # surfaced by take(); never raise into C
             self.error = exc
+        self._live = self._keys or self._attention_wanted()
         self._seconds += time.perf_counter() - start
         return True
 

@@ -45,28 +45,38 @@ __all__ = ["ApiError", "ServerConfig", "create_app"]
 T = TypeVar("T")
 Parsed = CompletionRequest | ChatRequest
 
-DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is there
 SHUTDOWN_GRACE_S = 5.0  # sse-starlette waits this long for a stream's last event
+
+
+async def _gone(request: Request) -> None:
+    """Return when the client has gone: with the body read, the server's next
+    ASGI message is ``http.disconnect`` (no polling). A broken receive counts as
+    gone."""
+    with contextlib.suppress(Exception):
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
 
 async def _unless_gone(request: Request, job: Job, waiting: Awaitable[T]) -> T:
     """What ``waiting`` gives; if the client goes away first, ``job`` is
     cancelled and the request ends with 499 (nginx's "client closed request")."""
     task = asyncio.ensure_future(waiting)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            job.cancel()
-            task.cancel()
-            raise ApiError(
-                499,
-                "the client closed the request",
-                "invalid_request_error",
-                "client_closed",
-                metric="cancelled",
-            )
+    gone = asyncio.ensure_future(_gone(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    job.cancel()
+    task.cancel()
+    raise ApiError(
+        499,
+        "the client closed the request",
+        "invalid_request_error",
+        "client_closed",
+        metric="cancelled",
+    )
 
 
 def _add_middleware(app: FastAPI, config: ServerConfig, metrics: Metrics) -> None:

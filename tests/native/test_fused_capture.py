@@ -133,3 +133,47 @@ def _decode_two(ctx: NativeContext, prompts: list[list[int]], streams: int):
     ]
     segments = [Segment(0, n, 4, True, stream=s) for s in range(2)]
     return ctx.decode_batch(entries, segments, n_streams=2)
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_a_step_that_reads_only_what_it_sees_stops_asking_after_one_layer(
+    engine, monkeypatch, flash
+):
+    """The eval callback runs for every node of every decode (728 for this model); a
+    pooled step that fits reads only which cells it sees, from the first global layer,
+    so after that layer the callback returns before it reads a node's name."""
+    from engine.native import _ggml
+
+    model = engine.model
+    names: list[bytes] = []
+    real = _ggml.tensor_name_bytes
+
+    def named(tensor: int) -> bytes:
+        names.append(real(tensor))
+        return names[-1]
+
+    monkeypatch.setattr(_ggml, "tensor_name_bytes", named)
+    capture = ATTENTION.capture(model.info)
+    ctx = NativeContext(model, n_ctx=256, n_batch=64, n_threads=2, capture=capture,
+                        flash_attn=flash, n_seq_max=2)  # fmt: skip
+    try:
+        for seq in (0, 1):
+            ctx.decode_batch([(seq, 10 + seq, 0, False), (seq, 20, 1, False)])
+        names.clear()
+        got = ctx.decode_batch(
+            [(0, 30, 2, True), (1, 31, 2, True)], [Segment(0, 1, 0, True), Segment(1, 2, 0, True)]
+        )
+        asked, names[:] = len(names), []
+        both = ctx.decode_batch(  # rows too: every global layer is read
+            [(0, 32, 3, True), (1, 33, 3, True)], [Segment(0, 1, 1, True), Segment(1, 2, 1, True)]
+        )
+    finally:
+        ctx.close()
+    first = b"-" + str(model.info.global_layers[0]).encode()
+    assert asked and names[asked - 1].endswith(first), names[asked - 3 : asked]
+    assert len(names) > 2 * asked  # rows are read from every global layer: all asked
+    for seq, (one, two) in enumerate(zip(got, both, strict=True)):
+        assert one.attn is None and two.attn is not None
+        assert one.visible is not None and two.visible is not None
+        assert one.visible.sum() == 3 and two.visible.sum() == 4, seq  # its own cells
+        assert (two.visible[0, : one.visible.shape[1]] >= one.visible[0]).all()
