@@ -78,6 +78,7 @@ class PeerConfig:
     threads: int = 1
     gpu_layers: int = 0  # both servers' (llama-server -ngl, kvtrim serve --gpu-layers)
     temperature: float = 0.0  # the serve part's; > 0 where greedy loops (random weights)
+    ignore_eos: bool = False  # the serve part's: every answer runs to gen_tokens on both
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     rounds: int = 3
     clients: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -215,7 +216,9 @@ def measure_serve(
     clients = step.launch.parallel
     for stream, passages in ((False, work.plain), (True, work.streaming)):
         before = pc.decode_counts(url)
-        got = pc.load(url, passages, clients, cfg.gen_tokens, stream, cfg.temperature)
+        got = pc.load(
+            url, passages, clients, cfg.gen_tokens, stream, cfg.temperature, cfg.ignore_eos
+        )
         yield {
             "clients": clients,
             "stream": stream,

@@ -80,10 +80,20 @@ def _stream(make: Any, chat: bool, **body: Any) -> Reply:
 
 
 def complete(
-    api: Any, prompt: str, max_tokens: int, stream: bool = False, temperature: float = 0.0
+    api: Any,
+    prompt: str,
+    max_tokens: int,
+    stream: bool = False,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
 ) -> Reply:
-    """``/v1/completions``, greedy (or sampled at ``temperature``)."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    """``/v1/completions``, greedy (or sampled at ``temperature``); ``ignore_eos``:
+    llama-server's field (kvtrim's too), the answer runs to ``max_tokens``."""
+    body: dict[str, Any] = {
+        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature
+    }  # fmt: skip
+    if ignore_eos:
+        body["extra_body"] = {"ignore_eos": True}
     if stream:
         return _stream(api.completions.create, False, **body)
     t0 = time.perf_counter()
@@ -159,7 +169,13 @@ def _p50(values: list[float | None]) -> float | None:
 
 
 def load(
-    url: str, prompts: list[str], clients: int, gen: int, stream: bool, temperature: float = 0.0
+    url: str,
+    prompts: list[str],
+    clients: int,
+    gen: int,
+    stream: bool,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """``prompts`` sent by ``clients`` threads through one SDK client, each thread
     sending the next prompt when its last answer came: requests/s over the wall
@@ -177,7 +193,7 @@ def load(
             if i is None:
                 return
             try:
-                replies[i] = complete(api, prompts[i], gen, stream, temperature)
+                replies[i] = complete(api, prompts[i], gen, stream, temperature, ignore_eos)
             except BaseException:
                 stop.set()
                 raise

@@ -406,7 +406,7 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "question without reading the document again); every serve request is a "
         "passage neither server has seen.",
         *template,
-        _sampling_line(cfg.get("temperature", 0.0)),
+        _sampling_line(cfg.get("temperature", 0.0), cfg.get("ignore_eos", False)),
         "- KV bytes: llama-server's cache for its whole `-c` context (allocated at start), "
         "kvtrim's cache of the request (`kv_bytes_held`).",
         "- Timings taken on a loaded machine mean nothing.",
@@ -527,17 +527,25 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def _sampling_line(temperature: float) -> str:
+def _sampling_line(temperature: float, ignore_eos: bool = False) -> str:
     """How the serve part's requests choose their tokens."""
+    length = (
+        " With `ignore_eos` (both servers' field) every answer runs to its length: end "
+        "tokens and kvtrim's loop guard give way, so both write the same number of tokens."
+        if ignore_eos
+        else ""
+    )
     if not temperature:
         return (
             "- Requests through the OpenAI Python SDK, greedy (`temperature 0`). 'same text': "
             "requests whose continuation is the same on both servers; greedy decoding parts "
             "where two tokens nearly tie, and the servers batch the prompt differently."
+            + length
         )
     return (
         f"- Requests through the OpenAI Python SDK, sampled at `temperature {temperature:g}` "
-        "and each server's own defaults for the rest (top-p 0.95 on both; llama-server also "
-        "top-k 40 and min-p 0.05), each its own seeds: 'same text' is not expected. Greedy "
+        "and each server's own defaults for the rest (top-k 40, top-p 0.95 and min-p 0.05 on "
+        "both, in llama.cpp's order), each its own seeds: 'same text' is not expected. Greedy "
         "answers of random weights repeat one token, which kvtrim's loop guard cuts short."
+        + length
     )

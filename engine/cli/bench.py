@@ -233,6 +233,15 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
         },
     ),
     (
+        ("--peer-ignore-eos",),
+        {
+            "action": "store_true",
+            "help": "with --peer: the serve part's requests carry ignore_eos, so every "
+            "answer on both servers runs to its length (kvtrim's loop guard ends looping "
+            "ones early otherwise)",
+        },
+    ),
+    (
         ("--peer-mix",),
         {
             "type": _mix,
@@ -595,6 +604,7 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
         raise ConfigError(f"--peer-gpu-layers must be -1 (all) or more, got {args.peer_gpu_layers}")
     cfg.gpu_layers = args.peer_gpu_layers
     cfg.temperature = args.peer_temperature
+    cfg.ignore_eos = args.peer_ignore_eos
     if not (math.isfinite(cfg.temperature) and 0 <= cfg.temperature <= 2):
         # kvtrim serve's requests take 0-2, as OpenAI's
         raise ConfigError(f"--peer-temperature must be in 0-2, got {cfg.temperature}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import re
 import threading
@@ -381,6 +382,12 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    @functools.cached_property
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every end-of-generation token (Gemma 3: 3 of 262,144; 0.15 s once)."""
+        vocab = self._model.vocab
+        return tuple(i for i in range(self.info.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i))
 
     @property
     def add_bos(self) -> bool:

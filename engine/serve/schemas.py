@@ -4,8 +4,8 @@ Fields OpenAI clients send that a local server cannot honour in a meaningful way
 (penalties, ``user``, ...) are accepted and ignored, as llama.cpp's server does;
 ``n > 1``, ``echo`` and ``logprobs`` are refused with a 400. kvtrim's own fields
 (``kv_policy``, ``kv_budget``, ``kv_keep_ratio``) override the server's eviction
-settings for one request (the ``extra_body`` of the openai client); ``top_k`` and
-``min_p`` are llama-server's extensions, with its defaults.
+settings for one request (the ``extra_body`` of the openai client); ``top_k``,
+``min_p`` and ``ignore_eos`` are llama-server's extensions, with its defaults.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class _Sampling(KvOverrides):
     # llama-server's extensions: JSON numbers only (strict: no true, "3" or 2.0)
     top_k: int = Field(default=CHAT.top_k, le=MAX_TOP_K, strict=True)  # <= 0: off
     min_p: float = Field(default=CHAT.min_p, ge=0, le=1, allow_inf_nan=False, strict=True)
+    ignore_eos: bool = Field(default=CHAT.ignore_eos, strict=True)  # llama-server's, vLLM's
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False

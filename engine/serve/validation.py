@@ -47,7 +47,9 @@ def sampling(req: Request) -> Sampling:
     """The request's sampling; a refused setting is a 400."""
     temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
     try:
-        return Sampling(temperature, req.top_p, req.seed, max(req.top_k, 0), req.min_p)
+        return Sampling(
+            temperature, req.top_p, req.seed, max(req.top_k, 0), req.min_p, req.ignore_eos
+        )
     except ConfigError as exc:
         raise invalid(str(exc), code="invalid_value") from exc
 

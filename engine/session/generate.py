@@ -7,6 +7,8 @@ import codecs
 import time
 from collections.abc import Iterator
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..stats import Done, Event, Token
 from .reader import Reader
@@ -24,13 +26,15 @@ def generate(
     the model wrote leaves the cache again (its tokens are removed), so the next
     turn's markup follows the answer's own text. Ends with ``Done`` and its reason:
     ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard).
-    The last token ``max_tokens`` allows waits for the next use of the cache (``_add``)."""
+    The last token ``max_tokens`` allows waits for the next use of the cache (``_add``).
+    With ``sampling.ignore_eos`` only a stop string or the length ends it."""
     reader.settle()
     if reader.logits is None:
         raise ConfigError("nothing to continue from: feed a prompt first")
     reader.answering(stops)
     reader.reserve(max_tokens)
     sample, looping, matcher = Sampler(sampling), LoopGuard(), StopMatcher(stops)
+    banned = np.asarray(reader.model.eog_ids if sampling.ignore_eos else (), dtype=np.int64)
     stop_tags = set(stops)
     utf8 = codecs.getincrementaldecoder("utf-8")("replace")
     stats, cache, model = reader.stats, reader.cache, reader.model
@@ -41,7 +45,7 @@ def generate(
     try:
         for i in range(max_tokens):
             with reader.ctx.busy():
-                token = sample(reader.logits)
+                token = sample(_without(reader.logits, banned))
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - reader.t0
             ended = _ends_before(reader, token, stop_tags, matcher)
@@ -61,7 +65,7 @@ def generate(
             if hit:
                 reason = "stop"
                 break
-            if looping(token):
+            if looping(token) and not sampling.ignore_eos:
                 reason = "repetition"
                 _cut_repeat(reader, starts, matcher, looping.repeated)
                 break
@@ -72,6 +76,15 @@ def generate(
     if tail:
         yield Token(-1, tail, stats)
     yield Done(matcher.text, reason, stats)
+
+
+def _without(logits: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """``logits`` with the ``banned`` tokens made impossible (a copy where any are)."""
+    if not banned.size:
+        return logits
+    logits = logits.copy()
+    logits[banned] = -np.inf
+    return logits
 
 
 def _add(reader: Reader, token: int, last: bool) -> int:

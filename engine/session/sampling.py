@@ -24,13 +24,17 @@ class Sampling:
     llama-server's, as LM Studio and llama-cpp-python's server have them: they cut the
     tail a small model's softmax spreads over a large vocabulary, and let the sampler
     skip it (0.6 ms a token for Gemma's 262,144 entries against 2.5 ms for top-p
-    alone, measured together). ``CHAT`` adds an API request's temperature."""
+    alone, measured together). ``CHAT`` adds an API request's temperature.
+    ``ignore_eos`` (llama-server's and vLLM's field, for benchmarks): the answer runs
+    to its length; the model's end tokens are never chosen and the loop guard is off
+    (stop strings still end it)."""
 
     temperature: float = 0.0
     top_p: float = 0.95
     seed: int | None = None
     top_k: int = 40
     min_p: float = 0.05
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -44,6 +48,8 @@ class Sampling:
             raise ConfigError(f"top_k must be a whole number >= 0 (0: off), got {k!r}")
         if isinstance(self.min_p, bool) or not 0 <= self.min_p <= 1:  # also refuses nan
             raise ConfigError(f"min_p must be in [0, 1] (0: off), got {self.min_p!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 
 
 CHAT = Sampling(temperature=0.8)

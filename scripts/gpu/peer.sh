@@ -41,7 +41,8 @@ else
   export LD_LIBRARY_PATH=$PWD/.gpu-peer/server:$SITE/llama_cpp/lib:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   THREADS=${THREADS:-8}
   ARGS=(--model "$MODEL" --peer-gpu-layers 99 --clients "${CLIENTS:-1,4,8}"
-    --rounds "${ROUNDS:-2}" --lengths 1024 --peer-temperature 1)  # --lengths: the serve part reads none
+    --rounds "${ROUNDS:-2}" --lengths 1024 --peer-temperature 1 --peer-ignore-eos)
+  # --lengths: the serve part reads none; --peer-ignore-eos: every answer 32 tokens on both
 fi
 rm -rf "$WORK/peer"
 status=0

@@ -259,11 +259,14 @@ def test_another_mix_of_prompt_and_output_lengths():
     grow to hold a longer mix, never shrink."""
     from engine.cli.bench import _mix, _peer_config
 
-    def config(mix: str, gpu_layers: int = 0, temperature: float = 0.0) -> peer.PeerConfig:
+    def config(
+        mix: str, gpu_layers: int = 0, temperature: float = 0.0, ignore_eos: bool = False
+    ) -> peer.PeerConfig:
         args = SimpleNamespace(
             quick=False, parts=None, clients=None, lengths=None, rounds=None, seed=None,
             peer_kv_layout=None, peer_mix=_mix(mix), peer_binary=Path("/bin/true"), model=None,
             threads=1, peer_gpu_layers=gpu_layers, peer_temperature=temperature,
+            peer_ignore_eos=ignore_eos,
         )  # fmt: skip
         return _peer_config(args, io.StringIO())
 
@@ -274,6 +277,7 @@ def test_another_mix_of_prompt_and_output_lengths():
     with pytest.raises(ConfigError, match="--peer-gpu-layers"):
         config("64x96", gpu_layers=-2)
     assert (small.temperature, config("64x96", temperature=1).temperature) == (0.0, 1.0)
+    assert (small.ignore_eos, config("64x96", ignore_eos=True).ignore_eos) == (False, True)
     for bad in (-0.5, float("nan"), 2.5):
         with pytest.raises(ConfigError, match="--peer-temperature"):
             config("64x96", temperature=bad)
@@ -700,3 +704,21 @@ def test_decode_counts_read_either_servers_metrics(monkeypatch: pytest.MonkeyPat
         "tokens_per_decode": 20.0,
     }
     assert peer._decodes(None, {"decodes": 3, "tokens": 9}) == {}
+
+
+def test_ignore_eos_goes_to_both_servers_as_their_field():
+    """--peer-ignore-eos: each completion carries ``ignore_eos`` (llama-server's field,
+    and kvtrim's), so both write every answer to its length; off, nothing is added."""
+    sent: list[dict] = []
+
+    class Completions:
+        def create(self, **body):
+            sent.append(body)
+            return SimpleNamespace(model_dump=lambda: {"choices": [{"text": "x"}]})
+
+    api = SimpleNamespace(completions=Completions())
+    pc.complete(api, "p", 96, ignore_eos=True)
+    pc.complete(api, "p", 96)
+    assert sent[0]["extra_body"] == {"ignore_eos": True} and "extra_body" not in sent[1]
+    assert "ignore_eos" in peer_report._sampling_line(0.0, True)
+    assert "ignore_eos" not in peer_report._sampling_line(0.0)

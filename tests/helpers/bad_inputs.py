@@ -109,5 +109,7 @@ SAMPLING_REFUSED = [  # (raw JSON of one field, the field a 400 names)
     ('"min_p": 1.5', "min_p"),
     ('"min_p": NaN', "min_p"),
     ('"min_p": "0.5"', "min_p"),
+    ('"ignore_eos": 1', "ignore_eos"),
+    ('"ignore_eos": "true"', "ignore_eos"),
 ]
 """Sampling fields a request may not carry: NaN is not JSON, so each is raw text."""

@@ -339,3 +339,15 @@ def test_parked_sequences_give_way_to_new_requests(engine):
                 model="any", messages=messages, max_tokens=4, temperature=0
             )
             assert out.usage.completion_tokens > 0
+
+
+def test_ignore_eos_runs_an_answer_to_its_length(server, client):
+    """llama-server's and vLLM's ``ignore_eos`` (benchmarks send it so that every
+    server writes the same number of tokens): the loop guard and end tokens give way."""
+    loop = "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"
+    cut = client.completions.create(model="any", prompt=loop, max_tokens=40, temperature=0)
+    whole = client.completions.create(
+        model="any", prompt=loop, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert cut.usage.completion_tokens < 40 and cut.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens == 40 and whole.choices[0].finish_reason == "length"
