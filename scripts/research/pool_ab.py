@@ -12,6 +12,7 @@ Each variant is a string of extra ``kvtrim serve`` options. Run it alone on the 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import socket
 import subprocess
@@ -37,21 +38,31 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _send(url: str, prompts: list[str], clients: int, max_tokens: int = 32) -> int:
+def _send(
+    url: str, prompts: list[str], clients: int, max_tokens: int = 32, stream: bool = False
+) -> int:
     """Send ``prompts`` from ``clients`` threads; the answer tokens they got."""
 
     def one(prompt: str) -> int:
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
-        reply.raise_for_status()
-        return int(reply.json()["usage"]["completion_tokens"])
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
+            reply.raise_for_status()
+            lines = [ln for ln in reply.iter_lines() if ln.startswith(("{", "data: {"))]
+        usage = json.loads(lines[-1].removeprefix("data: "))["usage"]
+        return int(usage["completion_tokens"])
 
     with ThreadPoolExecutor(clients) as pool:
         return sum(pool.map(one, prompts))
 
 
 def run(
-    extra: list[str], parallel: int, clients: int, n: int = 16, chars: int = 700, out: int = 32
+    extra: list[str],
+    parallel: int,
+    clients: int,
+    n: int = 16,
+    chars: int = 700,
+    out: int = 32,
+    stream: bool = False,
 ) -> str:
     """One server start: requests/s and the pool's figures, as one line."""
     port = _port()
@@ -69,9 +80,9 @@ def run(
             except httpx.HTTPError:
                 time.sleep(0.2)
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(n + 3)]
-        _send(url, prompts[n:], clients, out)  # warm-up
+        _send(url, prompts[n:], clients, out, stream)  # warm-up
         start = time.perf_counter()
-        tokens = _send(url, prompts[:n], clients, out)
+        tokens = _send(url, prompts[:n], clients, out, stream)
         seconds = time.perf_counter() - start
         rate = n / seconds
         metrics = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
@@ -90,11 +101,12 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--chars", type=int, default=700, help="prompt characters (700: ~160 tokens)")
     p.add_argument("--max-tokens", type=int, default=32, help="answer tokens a request asks")
+    p.add_argument("--stream", action="store_true", help="streamed requests (server-sent events)")
     args = p.parse_args()
     for r in range(args.rounds):
         for variant in args.variant or [""]:
             line = run(shlex.split(variant), args.parallel, args.clients, chars=args.chars,
-                       out=args.max_tokens)  # fmt: skip
+                       out=args.max_tokens, stream=args.stream)  # fmt: skip
             print(f"round {r} [{variant or 'defaults'}]: {line}", flush=True)
 
 

@@ -43,13 +43,15 @@ def _wait(url: str, timeout_s: float = 120) -> None:
     raise SystemExit(f"the server did not start on {url}")
 
 
-def _load(url: str, clients: int, requests: int) -> float:
+def _load(url: str, clients: int, requests: int, stream: bool = False) -> float:
     prompts = [window(20_000 * i, 700) + "\n\nIn short," for i in range(requests)]
 
     def one(prompt: str) -> None:
-        body = {"prompt": prompt, "max_tokens": 32, "temperature": 0}
-        r = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
-        r.raise_for_status()
+        body = {"prompt": prompt, "max_tokens": 32, "temperature": 0, "stream": stream}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+            r.raise_for_status()
+            for _ in r.iter_lines():
+                pass
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -84,6 +86,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--stream", action="store_true", help="streamed (server-sent events)")
     p.add_argument("--gil", action="store_true", help="only samples of the thread holding the GIL")
     args = p.parse_args()
     port = _free_port()
@@ -103,7 +106,7 @@ def main() -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1.0)
-        rate = _load(url, args.clients, args.requests)
+        rate = _load(url, args.clients, args.requests, args.stream)
         spy.send_signal(2)
         spy.wait(60)
         print(f"{rate:.2f} requests/s with {args.clients} clients, --parallel {args.parallel}")
