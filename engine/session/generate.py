@@ -35,8 +35,7 @@ def generate(
     reader.reserve(max_tokens)
     sample, looping, matcher = Sampler(sampling), LoopGuard(), StopMatcher(stops)
     banned = np.asarray(reader.model.eog_ids if sampling.ignore_eos else (), dtype=np.int64)
-    stop_tags = set(stops)
-    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    stop_tags, utf8 = set(stops), codecs.getincrementaldecoder("utf-8")("replace")
     stats, cache, model = reader.stats, reader.cache, reader.model
     start, base = time.perf_counter(), stats.decode_s
     reason = "length"
