@@ -114,8 +114,7 @@ class Capture:
         self.layers = tuple(layers)
         self.key_shape = key_shape
         self._wanted = {str(layer).encode() for layer in self.layers}
-        self._armed = False
-        self._live = False  # some node of this decode may still be read
+        self._live = False  # armed, and some node of this decode may still be read
         self._keys = False
         self._parts: list[_Part] = []
         self._n_rows = 0
@@ -130,9 +129,8 @@ class Capture:
         if self.key_shape is None and any(s.keys for s in segments):
             raise ValueError("this capture was made without keys")
         self._parts = [_Part(s) for s in segments]
-        self._armed = any(s.wanted for s in segments)
+        self._live = any(s.wanted for s in segments)
         self._keys = any(s.keys for s in segments)
-        self._live = self._armed
         self._n_rows = n_rows
         self._n_streams = n_streams
         self._seconds = 0.0
@@ -140,7 +138,7 @@ class Capture:
 
     def take(self) -> list[Captured]:
         """What the last armed decode captured, one per segment; disarms."""
-        self._armed = self._live = False
+        self._live = False
         if self.error is not None:
             raise self.error
         out = []

@@ -64,7 +64,7 @@ def generate(
             if hit:
                 reason = "stop"
                 break
-            if looping(token) and not sampling.ignore_eos:
+            if not sampling.ignore_eos and looping(token):
                 reason = "repetition"
                 _cut_repeat(reader, starts, matcher, looping.repeated)
                 break
