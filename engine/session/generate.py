@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import CacheFullError, Cancelled, ConfigError
 from ..stats import Done, Event, Token
 from .reader import Reader
 from .sampling import LoopGuard, Sampler, Sampling, StopMatcher
@@ -26,7 +26,8 @@ def generate(
     the model wrote leaves the cache again (its tokens are removed), so the next
     turn's markup follows the answer's own text. Ends with ``Done`` and its reason:
     ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard).
-    The last token ``max_tokens`` allows waits for the next use of the cache (``_add``).
+    Each token is decoded after it was yielded, the last one at the next use of the
+    cache (``_add``).
     With ``sampling.ignore_eos`` only a stop string or the length ends it."""
     reader.settle()
     if reader.logits is None:
@@ -42,7 +43,8 @@ def generate(
     reader.trace.start_answer()
     starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
     try:
-        for i in range(max_tokens):
+        for _ in range(max_tokens):
+            _decode_pending(reader)  # the last token, decoded once its caller had it
             with reader.ctx.busy():
                 token = _sample_without(sample, reader.logits, banned)
             if stats.first_token_s is None:
@@ -53,7 +55,7 @@ def generate(
                 break
             if cache.n_used >= reader.sizing.capacity:
                 yield from reader.evict([])
-            starts.append((_add(reader, token, i == max_tokens - 1), len(matcher.text)))
+            starts.append((_add(reader, token), len(matcher.text)))
             stats.generated_tokens += 1
             stats.decode_s = base + time.perf_counter() - start
             text, hit = matcher.feed(utf8.decode(model.piece(token)))
@@ -91,18 +93,31 @@ def _sample_without(sample: Sampler, logits: np.ndarray, banned: np.ndarray) -> 
         logits[banned] = kept
 
 
-def _add(reader: Reader, token: int, last: bool) -> int:
-    """Add ``token`` to the answer and return its id. The ``last`` one is not decoded
-    (nothing reads what it predicts; llama-server does not decode it either): the
-    next use of the cache decodes it first (``Reader.settle``), a follow-up's read
-    or a saved state, and a one-shot request is one decode shorter."""
+def _add(reader: Reader, token: int) -> int:
+    """Add ``token`` to the answer and return its id. It is decoded at the next use of
+    the cache (``Reader.settle``): the next token's sampling, after the caller had
+    this one (a streamed token leaves a decode earlier: the first token's time at 8
+    clients is a pooled step shorter), or a follow-up's read or a saved state. The
+    last one is then never decoded for a one-shot request (nothing reads what it
+    predicts; llama-server does not decode it either)."""
     reader.trace.add_answer_token(token)
     at = reader.cache.next_id
-    if last:
-        reader.pending = token
-    else:
-        reader.decode([token], logits=True)
+    reader.pending = token
     return at
+
+
+def _decode_pending(reader: Reader) -> None:
+    """Decode the answer's newest token (``_add``) for the next one's logits. Unlike
+    ``Reader.settle`` a cancel stops it: the token then stays pending, as the last
+    one of an answer does, and its cells are never written."""
+    token, reader.pending = reader.pending, None
+    if token is None:
+        return
+    try:
+        reader.decode([token], logits=True)
+    except (Cancelled, CacheFullError):  # raised before llama.cpp wrote a cell
+        reader.pending = token
+        raise
 
 
 def _ends_before(

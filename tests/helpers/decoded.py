@@ -20,3 +20,18 @@ def record_decodes(s: Session) -> list[int]:
 
     s.reader.decode = spy  # type: ignore[method-assign]
     return fed
+
+
+def record_decodes_by_id(s: Session) -> dict[int, int]:
+    """Every token ``s`` decodes from now on, by its id in the cache (an answer's token
+    dropped before it was decoded, a stop's, spends an id that never appears)."""
+    fed: dict[int, int] = {}
+    decode = s.reader.decode
+
+    def spy(tokens: Sequence[int], **kw: Any) -> None:
+        first = s.reader.cache.next_id if s.reader.pending is None else s.reader.cache.next_id + 1
+        fed.update(zip(range(first, first + len(tokens)), tokens, strict=True))
+        decode(tokens, **kw)
+
+    s.reader.decode = spy  # type: ignore[method-assign]
+    return fed

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from gguf import Keys
-from helpers.decoded import record_decodes
+from helpers.decoded import record_decodes, record_decodes_by_id
 from helpers.gguf_files import gguf_with_template
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -334,12 +334,13 @@ def test_a_turn_end_written_as_text_is_not_kept(text_tags: Chat) -> None:
         "Its keeper, Ada Blackwood, kept a log of every ship that passed. "
     ) * 6 + "The pass key is 4417."
     with text_tags.engine.session("snapkv", 1024) as s:
-        fed = record_decodes(s)
+        fed = record_decodes_by_id(s)
         first = s.collect(s.ask(document, "What is the pass key?", max_tokens=8))
         if first.reason != "stop":
             pytest.skip(f"the model did not write {tag} (it wrote {first.text!r})")
         s.collect(s.follow_up("Who kept the log?", max_tokens=1))
-        held = [fed[i] for i in s.cache.ids]  # ids number the decoded tokens in order
-    assert tag + tag in m.detokenize(fed)  # the model did write it: it was decoded
+        held = [fed[i] for i in s.cache.ids]
+    # the model wrote it: each piece but the last, which completed the stop, was decoded
+    assert tag[:-2] + tag in m.detokenize([fed[i] for i in sorted(fed)])
     text = m.detokenize(held)
     assert tag + tag not in text and f"{tag}\n<|im_start|>user\nWho kept the log?" in text
