@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.bench.texts import window  # noqa: E402
-from engine.native.capture import Capture  # noqa: E402
+from engine.native.capture import Capture, Segment  # noqa: E402
 from engine.native.context import NativeContext  # noqa: E402
 from engine.native.model import Model  # noqa: E402
 
 BUSY_S, IDLE_S = 0.0003, 0.001  # the other thread: Python, then a sleep
+# no callback; the callback set and idle; each sequence's visible cells read (the pool's steps)
+SIDES = ("none", "callback", "visibility")
 
 
 def _context(model: Model, prompts: list[list[int]], callback: bool) -> NativeContext:
@@ -54,7 +56,7 @@ def main() -> None:
     args = p.parse_args()
     model = Model()
     prompts = [model.tokenize(window(i * 1500, 1400), add_bos=True)[:170] for i in range(8)]
-    ctxs = {name: _context(model, prompts, name == "callback") for name in ("none", "callback")}
+    ctxs = {name: _context(model, prompts, name != "none") for name in SIDES}
     pos = dict.fromkeys(ctxs, 170)
     stop, busy = threading.Event(), threading.Event()
     threading.Thread(target=_churn, args=(stop, busy), daemon=True).start()
@@ -68,7 +70,8 @@ def main() -> None:
                     entries = [(s, 100 + k, pos[name], True) for s in range(8)]
                     pos[name] += 1
                     start = time.perf_counter()
-                    ctx.decode_batch(entries)
+                    segs = [Segment(s, s + 1, 0, True) for s in range(8)]
+                    ctx.decode_batch(entries, segs if name == "visibility" else [])
                     steps.append(time.perf_counter() - start)
                 times.setdefault((name, contended), []).append(statistics.median(steps))
     stop.set()

@@ -39,12 +39,19 @@ def _port() -> int:
 
 
 def _send(
-    url: str, prompts: list[str], clients: int, max_tokens: int = 32, stream: bool = False
+    url: str,
+    prompts: list[str],
+    clients: int,
+    max_tokens: int = 32,
+    stream: bool = False,
+    ignore_eos: bool = False,
 ) -> int:
     """Send ``prompts`` from ``clients`` threads; the answer tokens they got."""
 
     def one(prompt: str) -> int:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        if ignore_eos:
+            body["ignore_eos"] = True
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
             reply.raise_for_status()
             lines = [ln for ln in reply.iter_lines() if ln.startswith(("{", "data: {"))]
@@ -63,6 +70,7 @@ def run(
     chars: int = 700,
     out: int = 32,
     stream: bool = False,
+    ignore_eos: bool = False,
 ) -> str:
     """One server start: requests/s and the pool's figures, as one line."""
     port = _port()
@@ -80,9 +88,9 @@ def run(
             except httpx.HTTPError:
                 time.sleep(0.2)
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(n + 3)]
-        _send(url, prompts[n:], clients, out, stream)  # warm-up
+        _send(url, prompts[n:], clients, out, stream, ignore_eos)  # warm-up
         start = time.perf_counter()
-        tokens = _send(url, prompts[:n], clients, out, stream)
+        tokens = _send(url, prompts[:n], clients, out, stream, ignore_eos)
         seconds = time.perf_counter() - start
         rate = n / seconds
         metrics = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
@@ -102,11 +110,19 @@ def main() -> None:
     p.add_argument("--chars", type=int, default=700, help="prompt characters (700: ~160 tokens)")
     p.add_argument("--max-tokens", type=int, default=32, help="answer tokens a request asks")
     p.add_argument("--stream", action="store_true", help="streamed requests (server-sent events)")
+    p.add_argument("--ignore-eos", action="store_true", help="every answer runs to its length")
     args = p.parse_args()
     for r in range(args.rounds):
         for variant in args.variant or [""]:
-            line = run(shlex.split(variant), args.parallel, args.clients, chars=args.chars,
-                       out=args.max_tokens, stream=args.stream)  # fmt: skip
+            line = run(
+                shlex.split(variant),
+                args.parallel,
+                args.clients,
+                chars=args.chars,
+                out=args.max_tokens,
+                stream=args.stream,
+                ignore_eos=args.ignore_eos,
+            )
             print(f"round {r} [{variant or 'defaults'}]: {line}", flush=True)
 
 
