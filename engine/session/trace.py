@@ -130,10 +130,28 @@ class TokenTrace:
     """Source spans and latest scores of every id a session has decoded or will."""
 
     piece: Callable[[int], bytes]
-    segments: list[Segment] = field(default_factory=list)
+    _segments: list[Segment] = field(default_factory=list)
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
-    _answer: list[bytes] = field(default_factory=list)
+    _answer: list[bytes] = field(default_factory=list)  # the last segment's pieces, if an answer
+    _spanned: int = 0  # how many of them its text and spans hold
     _pieces: dict[int, bytes] = field(default_factory=dict)  # at most the vocabulary
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments, the answer's text and spans brought up to date: a token costs
+        O(1) as it is generated and the spans are made once for each read."""
+        n = len(self._answer)
+        if n != self._spanned:
+            seg, pieces = self._segments[-1], self._answer[:n]
+            data = b"".join(pieces)
+            seg.text = data.decode("utf-8", errors="replace")
+            seg.char_starts, seg.char_ends = _char_spans(data, *byte_spans(pieces, data))
+            self._spanned = n
+        return self._segments
+
+    @segments.setter
+    def segments(self, segments: list[Segment]) -> None:
+        self._segments, self._answer, self._spanned = segments, [], 0
 
     def _piece(self, token: int) -> bytes:
         """``piece(token)``, asked once per distinct token: a long document repeats
@@ -145,7 +163,10 @@ class TokenTrace:
 
     @property
     def n_ids(self) -> int:
-        return self.segments[-1].first_id + self.segments[-1].n_tokens if self.segments else 0
+        if not self._segments:
+            return 0
+        last = self._segments[-1]
+        return last.first_id + (len(self._answer) if self._answer else last.n_tokens)
 
     def add(self, name: str, text: str | None, tokens: Sequence[int]) -> None:
         """``tokens`` (of ``text``; None: the tokens' own text) get the next ids; call
@@ -157,7 +178,9 @@ class TokenTrace:
             text = b"".join(pieces).decode("utf-8", errors="replace")
         data = text.encode("utf-8", errors="replace")
         char_starts, char_ends = _char_spans(data, *byte_spans(pieces, data))
-        self.segments.append(Segment(name, text, self.n_ids, char_starts, char_ends))
+        segments = self.segments
+        segments.append(Segment(name, text, self.n_ids, char_starts, char_ends))
+        self.segments = segments  # the answer before, if any, is whole
         self._grow()
 
     def truncate(self, n_ids: int) -> None:
@@ -177,18 +200,13 @@ class TokenTrace:
         self.segments = kept
 
     def start_answer(self, name: str = "answer") -> None:
-        self._answer = []
-        self.segments.append(
-            Segment(name, "", self.n_ids, np.zeros(0, np.int64), np.zeros(0, np.int64))
-        )
+        segments = self.segments
+        segments.append(Segment(name, "", self.n_ids, np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        self.segments = segments
 
     def add_answer_token(self, token: int) -> None:
         """One generated token, decoded after the others of the current answer."""
-        seg = self.segments[-1]
         self._answer.append(self._piece(token))
-        data = b"".join(self._answer)
-        seg.text = data.decode("utf-8", errors="replace")
-        seg.char_starts, seg.char_ends = _char_spans(data, *byte_spans(self._answer, data))
         self._grow()
 
     def score(self, ids: np.ndarray, scores: np.ndarray) -> None:

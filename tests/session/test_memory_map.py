@@ -8,7 +8,15 @@ import pytest
 from helpers.docs_for_tests import prose
 
 from engine import Session
-from engine.session.trace import EVICTED, RECENT, SCORED, SINK, UNREAD, byte_spans
+from engine.session.trace import (
+    EVICTED,
+    RECENT,
+    SCORED,
+    SINK,
+    UNREAD,
+    TokenTrace,
+    byte_spans,
+)
 
 MULTIBYTE = "Café crème, naïve — 日本語 🚀 Ελληνικά; byte-split: 𓀀 ꙮ ⸻ 🧌. "
 
@@ -94,3 +102,29 @@ def test_byte_spans_degrade_instead_of_failing():
     assert starts.tolist() == [0, 5] and ends.tolist() == [5, 11]
     starts, ends = byte_spans([b"ab", b"cd"], b"abcdef")  # pieces that do not match
     assert ends[-1] == 6 and (np.diff(starts) >= 0).all()
+
+
+def test_answer_spans_are_made_when_read_and_match_a_whole_text():
+    """Answer tokens cost O(1) as they come; whatever reads the segments sees the same
+    text and spans as a segment added whole, multi-byte characters split across
+    tokens included, and the next segment starts after the answer's last token."""
+    pieces = [b"Caf", b"\xc3", b"\xa9 ", "日本".encode(), b"\xf0\x9f", b"\x9a\x80 ok"]
+    trace = TokenTrace(lambda t: pieces[t])
+    trace.add("question", "Q?", [0])
+    trace.start_answer()
+    for t in range(len(pieces)):
+        trace.add_answer_token(t)
+        assert trace.n_ids == 2 + t  # the question's one token, then the answer's
+    whole = TokenTrace(lambda t: pieces[t])
+    whole.add("answer", None, list(range(len(pieces))))
+    answer, expected = trace.segments[-1], whole.segments[0]
+    assert answer.text == expected.text == "Café 日本🚀 ok"
+    assert answer.char_starts.tolist() == expected.char_starts.tolist()
+    assert answer.char_ends.tolist() == expected.char_ends.tolist()
+    trace.add_answer_token(0)  # read mid-answer, then one more token: spans follow
+    assert trace.segments[-1].n_tokens == len(pieces) + 1
+    trace.add("turn", "next", [1])
+    assert [s.first_id for s in trace.segments] == [0, 1, 1 + len(pieces) + 1]
+    assert trace.n_ids == 1 + len(pieces) + 2
+    trace.truncate(3)  # into the answer: its first two tokens stay
+    assert trace.segments[-1].text == "Caf" and trace.n_ids == 3
