@@ -1,0 +1,98 @@
+"""Two source trees' ``kvtrim serve`` (a commit and its parent, as git worktrees),
+alternating in one run: N streaming clients send 16 distinct ~160-token completions,
+after a 3-request warm-up; each server start prints requests/s and the p50 of the
+time to the first streamed token and of the latency.
+
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python scripts/research/tree_ab.py /tmp/before . --clients 8 --rounds 3
+
+Run it alone on the machine (llama.cpp's threads spin while they wait).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pool_ab import _port  # noqa: E402
+
+from engine.bench.texts import window  # noqa: E402
+
+
+def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, float]:
+    """One streamed request: seconds to its first text, and to its end."""
+    body = {"prompt": prompt, "max_tokens": out, "temperature": 0, "stream": True}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    start, first = time.perf_counter(), float("nan")
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            text = line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]
+            if text and first != first:  # NaN until the first text
+                first = time.perf_counter() - start
+    return first, time.perf_counter() - start
+
+
+def run(root: Path, clients: int, chars: int, out: int, ignore_eos: bool) -> str:
+    """One server start from ``root``: its figures as one line."""
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port),
+           "--threads", "2", "--parallel", str(clients), "--kv-cells", "2048",
+           "--budget", "512"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(root))
+    server = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(19)]
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(lambda p: _one(url, p, out, ignore_eos), prompts[16:]))  # warm-up
+            start = time.perf_counter()
+            got = list(pool.map(lambda p: _one(url, p, out, ignore_eos), prompts[:16]))
+            seconds = time.perf_counter() - start
+        ttft = statistics.median(g[0] for g in got)
+        latency = statistics.median(g[1] for g in got)
+        rate = 16 / seconds
+        return f"{rate:.3f} req/s  ttft p50 {ttft * 1e3:.0f} ms  latency p50 {latency:.2f} s"
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trees", nargs=2, type=Path, help="two source trees: before, after")
+    p.add_argument("--clients", type=int, default=8, help="clients, and --parallel")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--chars", type=int, default=700, help="prompt characters (700: ~160 tokens)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--ignore-eos", action="store_true")
+    args = p.parse_args()
+    for r in range(args.rounds):
+        for tree in args.trees:
+            line = run(tree.resolve(), args.clients, args.chars, args.max_tokens, args.ignore_eos)
+            print(f"round {r} [{tree}]: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
