@@ -25,10 +25,9 @@ def generate(
     """Generate up to ``max_tokens`` tokens after what ``reader`` fed. A stop string
     the model wrote leaves the cache again (its tokens are removed), so the next
     turn's markup follows the answer's own text. Ends with ``Done`` and its reason:
-    ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard).
-    Each token is decoded after it was yielded, the last one at the next use of the
-    cache (``_add``).
-    With ``sampling.ignore_eos`` only a stop string or the length ends it."""
+    ``eog`` (the model's end), ``stop``, ``length`` or ``repetition`` (LoopGuard);
+    with ``sampling.ignore_eos`` only a stop string or the length. A token is decoded
+    after it was yielded, the last one at the next use of the cache (``_add``)."""
     reader.settle()
     if reader.logits is None:
         raise ConfigError("nothing to continue from: feed a prompt first")
@@ -38,8 +37,7 @@ def generate(
     banned = np.asarray(reader.model.eog_ids if sampling.ignore_eos else (), dtype=np.int64)
     stop_tags, utf8 = set(stops), codecs.getincrementaldecoder("utf-8")("replace")
     stats, cache, model = reader.stats, reader.cache, reader.model
-    start, base = time.perf_counter(), stats.decode_s
-    reason = "length"
+    start, base, reason = time.perf_counter(), stats.decode_s, "length"
     reader.trace.start_answer()
     starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
     try:
