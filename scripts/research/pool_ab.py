@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -36,6 +37,26 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_server(options: list[str], root: Path = ROOT) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvtrim serve`` from the source tree ``root`` on a free port, 2 threads, 2,048
+    pool cells, budget 512, then ``options``; once /health answers: it and its URL."""
+    port = _port()
+    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port), "--threads", "2",
+           "--kv-cells", "2048", "--budget", "512", *options]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(root))
+    server = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return server, url
 
 
 def _send(
@@ -73,20 +94,8 @@ def run(
     ignore_eos: bool = False,
 ) -> str:
     """One server start: requests/s and the pool's figures, as one line."""
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port),
-           "--threads", "2", "--parallel", str(parallel), "--kv-cells", "2048",
-           "--budget", "512"]  # fmt: skip
-    cmd += extra
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, url = start_server(["--parallel", str(parallel), *extra])
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(n + 3)]
         _send(url, prompts[n:], clients, out, stream, ignore_eos)  # warm-up
         start = time.perf_counter()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pool_ab import _port  # noqa: E402
+from pool_ab import start_server  # noqa: E402
 
 from engine.bench.texts import window  # noqa: E402
 
@@ -60,18 +59,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port), "--threads", "2",
-           "--parallel", str(args.clients), "--kv-cells", "2048", "--budget", "512"]  # fmt: skip
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, url = start_server(["--parallel", str(args.clients)])
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         _request(url, 0, True)
         _request(url, 1, False)
         ids = range(2, 2 + args.requests)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pool_ab import _port  # noqa: E402
+from pool_ab import start_server  # noqa: E402
 
 from engine.bench.texts import window  # noqa: E402
 
@@ -48,22 +46,8 @@ def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, floa
 
 def run(root: Path, clients: int, chars: int, out: int, ignore_eos: bool) -> str:
     """One server start from ``root``: its figures as one line."""
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "app.main", "serve", "--port", str(port),
-           "--threads", "2", "--parallel", str(clients), "--kv-cells", "2048",
-           "--budget", "512"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(root))
-    server = subprocess.Popen(
-        cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    server, url = start_server(["--parallel", str(clients)], root)
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(19)]
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(lambda p: _one(url, p, out, ignore_eos), prompts[16:]))  # warm-up
