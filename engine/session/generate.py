@@ -107,9 +107,13 @@ def _add(reader: Reader, token: int) -> int:
 def _decode_pending(reader: Reader) -> None:
     """Decode the answer's newest token (``_add``) for the next one's logits. Unlike
     ``Reader.settle`` a cancel stops it: the token then stays pending, as the last
-    one of an answer does, and its cells are never written."""
+    one of an answer does, and its cells are never written. Before the first token
+    (nothing pending) a stop set meanwhile ends the answer empty, as that token's
+    decode did before it was yielded."""
     token, reader.pending = reader.pending, None
     if token is None:
+        if reader.ctx.cancel_event.is_set():
+            raise Cancelled("cancelled")
         return
     try:
         reader.decode([token], logits=True)

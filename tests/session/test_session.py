@@ -215,6 +215,25 @@ def test_cancel_during_generation(engine):
         assert Session.collect(s.summarize(prose(10), max_tokens=4)).stats.generated_tokens
 
 
+def test_a_stop_after_the_read_and_before_the_first_token_shows_no_token(engine):
+    """A token is yielded before it is decoded, so the first one must look at a stop
+    set while the generator waited (a chat's Ctrl+C) itself: nothing of it shows."""
+    with engine.session("snapkv", 256) as s:
+        Session.collect(s.ask(prose(20, seed=8), "Who sold the kettle?", max_tokens=6))
+        events = s.follow_up("Who repaired the bicycle?", answer_prefix="It was", max_tokens=8)
+        read, tokens = False, []
+        with pytest.raises(Cancelled):
+            for event in events:
+                if isinstance(event, Progress) and event.done == event.total:
+                    read = True
+                    s.cancel()  # the question is read; generation has not begun
+                elif isinstance(event, Token):
+                    tokens.append(event)
+        assert read and not tokens
+        again = s.follow_up("Who repaired the bicycle?", answer_prefix="It was", max_tokens=8)
+        assert Session.collect(again).text.strip(), "the next turn is answered"
+
+
 def test_sampling_is_reproducible_with_a_seed_and_stops_apply(engine):
     prompt = Prompt("", prose(10), "\n\nOnce upon a time", (), True)
     texts = []
