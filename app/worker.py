@@ -23,6 +23,7 @@ from engine.runtime.chat import turn_events
 from engine.runtime.spec import RequestSpec
 from engine.runtime.states import StateStore
 from engine.session.state import SavedState
+from engine.session.trace import display_roles
 from engine.stats import Event
 
 from .resume import POST, PRE, ChatStates, restore
@@ -291,7 +292,9 @@ class EngineWorker(QObject):
         """What the cache holds, computed here where the session lives."""
         memory_map = getattr(session, "memory_map", None)
         if memory_map is not None:
-            self.memory_map.emit(memory_map())
+            m = memory_map()
+            display_roles(m)  # its text and roles, here rather than in the window's thread
+            self.memory_map.emit(m)
 
     def _drop_chat(self) -> None:
         if self._chat is not None:

@@ -256,7 +256,16 @@ class TokenTrace:
 
 def display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
     """All segments as one text with a heading each, and a role per character
-    (``TOP`` for the strongest-scored kept tokens, ``HEADING`` for headings)."""
+    (``TOP`` for the strongest-scored kept tokens, ``HEADING`` for headings).
+    Computed once per map: the app's worker calls it where the map is made, so the
+    window's thread only looks it up (about 0.1 s for a 35,000-token document)."""
+    cached = m.__dict__.get("_display")
+    if cached is None:
+        cached = m.__dict__["_display"] = _display_roles(m)
+    return cached
+
+
+def _display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
     texts: list[str] = []
     roles: list[np.ndarray] = []
     for i, seg in enumerate(m.segments):
@@ -280,18 +289,19 @@ def strip(roles: np.ndarray, cells: int) -> tuple[np.ndarray, list[str]]:
     "recalled" when a follow-up brought some of it back, else
     "kept" when at least half is kept, "evicted" when any was evicted, "unread"."""
     edges = np.linspace(0, len(roles), cells + 1).astype(np.int64)
-    shares, classes = np.zeros(cells), []
-    for k in range(cells):
-        chunk = roles[edges[k] : max(edges[k + 1], edges[k] + 1)]
-        shares[k] = np.isin(chunk, KEPT_ROLES).mean() if len(chunk) else 0.0
-        if (chunk == TOP).any():
-            classes.append("top")
-        elif (chunk == RECALLED).any():
-            classes.append("recalled")
-        elif shares[k] >= 0.5:
-            classes.append("kept")
-        elif (chunk == EVICTED).any():
-            classes.append("evicted")
-        else:
-            classes.append("unread")
+    start = edges[:-1]
+    stop = np.minimum(np.maximum(edges[1:], start + 1), len(roles))
+    length = stop - start
+
+    def count(mask: np.ndarray) -> np.ndarray:  # per cell, without a loop over cells
+        total = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
+        return total[stop] - total[start]
+
+    kept = count(np.isin(roles, KEPT_ROLES))
+    shares = np.divide(kept, length, out=np.zeros(cells), where=length > 0)
+    top, recalled, evicted = (count(roles == r) > 0 for r in (TOP, RECALLED, EVICTED))
+    classes = [
+        "top" if t else "recalled" if r else "kept" if s >= 0.5 else "evicted" if e else "unread"
+        for t, r, s, e in zip(top, recalled, shares, evicted, strict=True)
+    ]
     return shares, classes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from helpers.docs_for_tests import PASSKEY_PREFIX, PASSKEY_SUFFIX, passkey_document
 from PySide6.QtCore import QPoint, Qt
@@ -11,12 +13,15 @@ from engine import Prompt
 from engine.session.trace import (
     EVICTED,
     HEADING,
+    KEPT_ROLES,
+    RECALLED,
     SCORED,
     TOP,
     UNREAD,
     MemoryMap,
     Segment,
     display_roles,
+    strip,
 )
 
 
@@ -38,6 +43,34 @@ def test_display_roles_cover_every_character():
     assert len(text) == len(roles) and text.startswith("── document ──\n")
     assert (roles == HEADING).sum() == len("── document ──\n")
     assert (roles == TOP).any() and (roles == EVICTED).any() and (roles == UNREAD).any()
+
+
+def test_a_maps_display_is_computed_once_where_it_is_asked_first():
+    m = _synthetic()
+    first = display_roles(m)  # the app's worker asks here, off the window's thread
+    assert display_roles(m) is first
+
+
+def _strip_cell(chunk: np.ndarray) -> tuple[float, str]:
+    """One minimap cell as strip()'s docstring says, read one cell at a time."""
+    share = float(np.isin(chunk, KEPT_ROLES).mean()) if len(chunk) else 0.0
+    for role, name in ((TOP, "top"), (RECALLED, "recalled")):
+        if (chunk == role).any():
+            return share, name
+    if share >= 0.5:
+        return share, "kept"
+    return share, "evicted" if (chunk == EVICTED).any() else "unread"
+
+
+def test_the_minimap_strip_matches_each_cell_read_alone():
+    rng = np.random.default_rng(3)
+    for n, cells in [(0, 4), (3, 10), (10, 3), (1000, 37), (20_000, 600), (7, 7)]:
+        roles = rng.choice([SCORED, EVICTED, UNREAD, TOP, RECALLED, HEADING], n).astype(np.uint8)
+        roles[: n // 2] = rng.choice([SCORED, EVICTED, UNREAD], n // 2)
+        shares, classes = strip(roles, cells)
+        edges = np.linspace(0, n, cells + 1).astype(np.int64)
+        want = [_strip_cell(roles[a : max(b, a + 1)]) for a, b in itertools.pairwise(edges)]
+        assert np.allclose(shares, [w[0] for w in want]) and classes == [w[1] for w in want]
 
 
 def test_view_draws_when_shown_and_minimap_click_scrolls(qtbot):
