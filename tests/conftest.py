@@ -2,9 +2,10 @@
 
 ``pytest -m "not slow"`` runs the tests of pure logic only. A test is ``slow`` when
 it uses a fixture that holds the real model (``SLOW_FIXTURES``) or is marked so;
-in the fast tier a test that loads a model anyway fails with a line saying so
-(llama.cpp refuses a real model file, in this process and in its children:
-tests/fastguard), so the marks cannot fall behind the tests."""
+a test not marked slow that loads a model anyway fails with a line saying so, in
+the fast tier and in the full run alike (llama.cpp refuses a real model file, in
+this process and in its children: tests/fastguard), so the marks cannot fall
+behind the tests and CI needs no separate fast-tier run to check them."""
 
 from __future__ import annotations
 
@@ -71,15 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-def _fast_tier(config: pytest.Config) -> bool:
-    expr = (config.option.markexpr or "").replace(" ", "")
-    return "notslow" in expr
-
-
 @pytest.fixture(autouse=True)
 def _no_model_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """In the fast tier, a test that is not marked slow may not load a model."""
-    if request.node.get_closest_marker("slow") or not _fast_tier(request.config):
+    """A test that is not marked slow may not load a model (undone after it)."""
+    if request.node.get_closest_marker("slow"):
         yield
         return
     from llama_cpp import _internals
@@ -96,4 +92,3 @@ def _no_model_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pyte
     paths = [here, os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     yield
-
