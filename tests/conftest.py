@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _no_model_in_the_fast_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+def _no_model_unless_marked_slow(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """A test that is not marked slow may not load a model (undone after it)."""
     if request.node.get_closest_marker("slow"):
         yield

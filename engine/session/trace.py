@@ -11,6 +11,7 @@ Units: spans are Python string indices (characters) into ``Segment.text``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -101,6 +102,13 @@ class MemoryMap:
     def retention(self) -> float:
         """Tokens held / tokens read (1.0 before any token)."""
         return self.tokens_kept / self.tokens_seen if self.tokens_seen else 1.0
+
+    @functools.cached_property
+    def display(self) -> tuple[str, np.ndarray]:
+        """``display_roles`` of this map, computed on first use: the app's worker asks
+        where the map is made, so the window's thread only looks it up (about 0.1 s
+        for a 35,000-token document)."""
+        return _display_roles(self)
 
     def segment(self, name: str) -> int:
         """Index of the first segment called ``name``."""
@@ -257,12 +265,8 @@ class TokenTrace:
 def display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
     """All segments as one text with a heading each, and a role per character
     (``TOP`` for the strongest-scored kept tokens, ``HEADING`` for headings).
-    Computed once per map: the app's worker calls it where the map is made, so the
-    window's thread only looks it up (about 0.1 s for a 35,000-token document)."""
-    cached = m.__dict__.get("_display")
-    if cached is None:
-        cached = m.__dict__["_display"] = _display_roles(m)
-    return cached
+    Computed once per map (``MemoryMap.display``)."""
+    return m.display
 
 
 def _display_roles(m: MemoryMap) -> tuple[str, np.ndarray]:
