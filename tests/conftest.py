@@ -9,6 +9,7 @@ behind the tests and CI needs no separate fast-tier run to check them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -64,6 +65,24 @@ SLOW_FIXTURES = frozenset(
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: loads the real model or runs the benchmark")
+    _pin_xdist_worker()
+
+
+def _pin_xdist_worker() -> None:
+    """Under ``pytest -n N`` give each worker its own share of the CPUs this run may use,
+    so each llama.cpp (whose threads spin while they wait) runs on CPUs no other worker
+    uses; the engine's default threads follow the share (``default_threads``), and so do
+    the commands a test starts, which inherit it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    k = int(worker[2:])
+    share = cpus[k * len(cpus) // count : (k + 1) * len(cpus) // count] or [cpus[k % len(cpus)]]
+    for tid in os.listdir("/proc/self/task"):  # every thread, the ones started before too
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), share)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

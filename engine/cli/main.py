@@ -31,7 +31,7 @@ from ..runtime.prefix import PrefixCache
 from ..runtime.spec import RequestSpec
 from ..runtime.states import default_store
 from ..runtime.summary import SummaryDone
-from ..session.config import AUTO_SPAN
+from ..session.config import AUTO_SPAN, usable_cpus
 from ..session.core import MIN_CHUNK, POSITION_MODES, Session
 from ..session.prompts import ask_prompt, prompt_tokens
 from ..session.sampling import with_sentence_stop
@@ -163,7 +163,7 @@ def _common(p: argparse.ArgumentParser, many: bool = False) -> None:
         type=types.threads,
         default=None,
         metavar="N",
-        help=f"CPU threads, 1 to {types.logical_cpus()} (default: the physical cores)",
+        help=f"CPU threads, 1 to {usable_cpus()} (default: the physical cores it may use)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
 from ..native.embedded import DEFAULT, EMBEDDED
 from ..native.kvmemory import KV_TYPES, SWA_CACHES
+from ..session.config import usable_cpus
 
 MODEL_OPTION: tuple[tuple[str, ...], dict[str, Any]] = (
     ("--model",),
@@ -60,18 +60,10 @@ def at_least(low: int, unit: str = "") -> Callable[[str], int]:
     return check
 
 
-def logical_cpus() -> int:
-    """Logical CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
 def threads(text: str) -> int:
     """1 to the number of logical CPUs: more threads than CPUs only slow llama.cpp down."""
     value = at_least(1, "thread")(text)
-    cpus = logical_cpus()
+    cpus = usable_cpus()
     if value > cpus:
         raise argparse.ArgumentTypeError(
             f"{value} threads is more than the {cpus} logical CPUs this machine gives kvtrim"

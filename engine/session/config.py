@@ -135,10 +135,23 @@ class SessionConfig(SessionOptions):
             raise ConfigError(f"batch must be 1..65536 tokens, got {self.batch_tokens}")
 
 
+def usable_cpus() -> int:
+    """Logical CPUs this process may run on (its affinity: ``taskset``, a container's
+    cpuset), not all the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def default_threads() -> int:
+    """llama.cpp's threads when none are asked for: the physical cores, but never more
+    than the CPUs this process may run on (its threads spin while they wait, so two on
+    one CPU make every decode many times slower)."""
     try:
         import psutil
 
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     except ImportError:  # pragma: no cover
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, usable_cpus()))

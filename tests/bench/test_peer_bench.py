@@ -25,11 +25,13 @@ from engine.bench import peer_servers as ps
 from engine.cli.main import main
 from engine.errors import ConfigError, PeerError
 from engine.native.cpu import resolve_repack
+from engine.session.config import default_threads
 from engine.session.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_PEER = ROOT / "tests" / "helpers" / "fake_llama_server.py"
 MIB = 2**20
+THREADS = min(2, default_threads())  # not more than this worker may use (conftest)
 
 # llama-server's log with -lv 4, as it reads for the default model (-np 4 -c 1024)
 PEER_LOG = """\
@@ -656,7 +658,7 @@ def test_the_command_quick_serve_part_against_a_fake_peer(tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out_dir = tmp_path / "out"
     argv = ["bench", "--peer", "llama-server", "--peer-binary", str(fake), "--quick"]
-    argv += ["--parts", "serve", "--clients", "1", "--threads", "2", "--out", str(out_dir)]
+    argv += ["--parts", "serve", "--clients", "1", "--threads", str(THREADS), "--out", str(out_dir)]
     out = io.StringIO()
     assert main(argv, out=out, err=io.StringIO()) == 0
     assert "serve, 1 client, plain" in out.getvalue()
@@ -667,7 +669,7 @@ def test_the_command_quick_serve_part_against_a_fake_peer(tmp_path):
         (ps.KVTRIM, False),
         (ps.KVTRIM, True),
     ]
-    assert result["config"]["threads"] == 2 and result["config"]["peer_binary"] == str(fake)
+    assert result["config"]["threads"] == THREADS and result["config"]["peer_binary"] == str(fake)
 
 
 LLAMA_METRICS = """\

@@ -297,3 +297,20 @@ def test_position_gap_bounds_the_holes_of_bounded_positions():
         RequestSpec(position_gap=0)
     with pytest.raises(ConfigError, match="at least 1"):
         cli.parse_args(["ask", "x.txt", "-q", "?", "--position-gap", "0"])
+
+
+def test_default_threads_never_pass_the_cpus_this_process_may_use(monkeypatch):
+    """Under ``taskset -c 0`` (or a container's cpuset) llama.cpp's spinning threads
+    would share one CPU: the default follows the affinity, and --threads says so."""
+    import argparse
+    import os
+
+    from engine.cli import types
+    from engine.session import config
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert config.usable_cpus() == 1 and config.default_threads() == 1
+    with pytest.raises(argparse.ArgumentTypeError, match="more than the 1 logical CPUs"):
+        types.threads("2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert config.default_threads() <= config.usable_cpus() == 64

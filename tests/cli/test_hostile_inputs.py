@@ -463,10 +463,10 @@ def test_kvtrim_repack_from_the_environment_is_checked(monkeypatch):
 
 
 def test_good_edge_values_pass():
-    from engine.cli.types import logical_cpus
+    from engine.session.config import usable_cpus
 
     sampling = ["--top-p", "1", "--temperature", "0", "--seed", "0"]
-    sizes = ["--threads", str(logical_cpus()), "--budget", "1024", "--chunk", "16"]
+    sizes = ["--threads", str(usable_cpus()), "--budget", "1024", "--chunk", "16"]
     args = cli.parse_args(["ask", "x.txt", "-q", "?", *sampling, *sizes])
     assert (args.top_p, args.temperature, args.seed, args.chunk_tokens) == (1.0, 0.0, 0, 16)
     assert args.repack in ("auto", "on", "off")

@@ -10,6 +10,9 @@ import pytest
 from engine.native.capture import Segment, attention
 from engine.native.context import NativeContext
 from engine.policies import ATTENTION
+from engine.session.config import default_threads
+
+THREADS = default_threads()  # what this test run may use (conftest pins xdist workers)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -51,7 +54,7 @@ def test_fused_attention_matches_llama_cpp_probabilities(engine, streams):
     got = {}
     for flash in (False, True):
         capture = ATTENTION.capture(model.info)
-        ctx = NativeContext(model, n_ctx=512, n_batch=256, n_threads=2, capture=capture,
+        ctx = NativeContext(model, n_ctx=512, n_batch=256, n_threads=THREADS, capture=capture,
                             flash_attn=flash, n_seq_max=2, kv_unified=streams == 1)  # fmt: skip
         reads: list[str] = []
         for name in ("_read", "_read_fused"):  # which path ran, per layer
@@ -86,7 +89,7 @@ def test_fused_attention_is_what_flash_attention_weighs_v_with(engine):
         real(tensor)
 
     capture._read_fused = check  # type: ignore[method-assign]
-    ctx = NativeContext(model, n_ctx=512, n_batch=256, n_threads=2, capture=capture,
+    ctx = NativeContext(model, n_ctx=512, n_batch=256, n_threads=THREADS, capture=capture,
                         flash_attn=True)  # fmt: skip
     try:
         toks = model.tokenize("The pass key is 68142. Remember it. " * 8, add_bos=True)
@@ -154,7 +157,7 @@ def test_a_step_that_reads_only_what_it_sees_stops_asking_after_one_layer(
 
     monkeypatch.setattr(_ggml, "tensor_name_bytes", named)
     capture = ATTENTION.capture(model.info)
-    ctx = NativeContext(model, n_ctx=256, n_batch=64, n_threads=2, capture=capture,
+    ctx = NativeContext(model, n_ctx=256, n_batch=64, n_threads=THREADS, capture=capture,
                         flash_attn=flash, n_seq_max=2)  # fmt: skip
     try:
         for seq in (0, 1):

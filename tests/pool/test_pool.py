@@ -21,10 +21,12 @@ from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineEr
 from engine.native.model import log as llama_log
 from engine.policies import Needs, make_policy
 from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
+from engine.session.config import default_threads
 from engine.session.core import Session, SessionConfig
 from engine.session.prompts import ask_prompt
 
 Q = "What is the pass key? Give the number."
+THREADS = default_threads()  # what this test run may use (conftest pins xdist workers)
 PREFIX = "The pass key is"
 KEYS = [48213, 90127, 31416]
 
@@ -42,7 +44,7 @@ def _n_tokens(model, doc: str, answer: int) -> int:
 
 @pytest.fixture(scope="module")
 def pool(engine):
-    with KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2) as p:
+    with KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS) as p:
         yield p
 
 
@@ -56,7 +58,7 @@ def test_needles_found_together_are_the_ones_found_alone(engine, layout):
             alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
     together: list[str | None] = [None] * 3
     evicted = [0] * 3
-    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=2, layout=layout)
+    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS, layout=layout)
 
     def job(i: int) -> None:
         s = pool.open(
@@ -107,7 +109,9 @@ def test_each_sequence_cell_map_matches_llama_cpp(engine, monkeypatch, layout):
     llama_log.addHandler(handler)
     try:
         cells = 768 if layout == "shared" else 1024  # streams: 512 each
-        with KVPool(engine.model, cells=cells, max_seqs=2, n_threads=2, layout=layout) as small:
+        with KVPool(
+            engine.model, cells=cells, max_seqs=2, n_threads=THREADS, layout=layout
+        ) as small:
             config = SessionConfig(256, chunk_tokens=48, question_aware=False)
             a = small.open(make_policy("snapkv"), config, 10_000)
             b = small.open(make_policy("h2o"), config, 10_000)

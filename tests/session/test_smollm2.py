@@ -18,7 +18,7 @@ from engine.pool.kvpool import KVPool
 from engine.serve.api import create_app
 from engine.serve.background import BackgroundServer
 from engine.serve.config import ServerConfig
-from engine.session.config import SessionConfig
+from engine.session.config import SessionConfig, default_threads
 from engine.session.prompts import ask_prompt
 from engine.session.state import SavedState
 
@@ -95,7 +95,7 @@ def test_a_saved_cache_continues_token_for_token(smol, tmp_path):
 def test_two_sequences_of_one_pool_each_find_their_own_key(smol):
     docs = [DOC, DOC.replace(str(KEY), "90127")]
     got: list[str] = ["", ""]
-    pool = KVPool(smol.model, cells=1024, max_seqs=2, n_threads=2)
+    pool = KVPool(smol.model, cells=1024, max_seqs=2, n_threads=default_threads())
 
     def job(i: int) -> None:
         prompt = ask_prompt(smol.model, docs[i], QUESTION)
