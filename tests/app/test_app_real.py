@@ -121,13 +121,14 @@ def test_real_model_drop_summary_then_details_brought_back(qtbot, tmp_path):
     _drop(w, doc)
     w.summarize()
     qtbot.waitUntil(lambda: w.busy, timeout=5000)
-    qtbot.waitUntil(lambda: not w.busy, timeout=120_000)
+    # liveness bounds, not speeds: one CPU of a 2-core CI machine takes over 120 s
+    qtbot.waitUntil(lambda: not w.busy, timeout=300_000)
     assert w.graphs.last.evicted_tokens > 1000
 
     w.input.setPlainText(facts[0].question)
     w.send()
     qtbot.waitUntil(lambda: w.busy, timeout=5000)
-    qtbot.waitUntil(lambda: not w.busy, timeout=60_000)
+    qtbot.waitUntil(lambda: not w.busy, timeout=180_000)
     messages = w.store.messages(w.conversation.id)
     assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
     assert facts[0].value in messages[-1].content

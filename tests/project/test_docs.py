@@ -13,7 +13,7 @@ PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rgl
 FIRST_COMMANDS = [
     'bash scripts/setup.sh && .venv/bin/kvtrim ask resources/samples/passkey.txt --question "What '
     'is the pass key? Give the number." --answer-prefix "The pass key is"',
-    "bash scripts/setup.sh && .venv/bin/python -m pytest -q",
+    "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadfile",
 ]
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -43,6 +43,7 @@ def anchors(page: Path) -> set[str]:
 def test_the_readme_opens_with_its_two_commands():
     blocks = re.findall(r"^```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S | re.M)
     assert blocks[:2] == FIRST_COMMANDS
+    assert FIRST_COMMANDS[1] in (ROOT / ".ci" / "run").read_text().splitlines(), "CI runs it"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
