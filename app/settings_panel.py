@@ -10,7 +10,6 @@ GPU layers or threads changed: the worker reloads the model off the GUI thread).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from engine.native.embedded import DEFAULT, EMBEDDED
 from engine.native.finder import FoundModel, find_models
 from engine.native.kvmemory import KV_TYPES
 from engine.policies import POLICIES
+from engine.session.config import usable_cpus
 
 from .found_models import FoundModels
 from .policy_params import PolicyParams
@@ -233,10 +233,11 @@ class SettingsPanel(QWidget):
         self.gpu_layers.setToolTip("0 runs on the CPU; 999 offloads every layer")
         form.addRow("GPU layers", _explained(self.gpu_layers, "Layers offloaded to the GPU."))
         self.threads = QSpinBox()
-        self.threads.setRange(0, os.cpu_count() or 64)
+        self.threads.setRange(0, usable_cpus())
         self.threads.setSpecialValueText("auto")
         self.threads.setValue(self.settings.threads)
-        form.addRow("Threads", _explained(self.threads, "CPU threads; auto = one per core."))
+        threads_help = "CPU threads; auto = one per core this app may use."
+        form.addRow("Threads", _explained(self.threads, threads_help))
         self.reload_button = QPushButton("Reload model")
         self.reload_button.setEnabled(False)
         self.reload_button.clicked.connect(self._reload)

@@ -92,3 +92,12 @@ def test_refresh_looks_again_and_an_empty_result_says_so(qtbot):
     with qtbot.waitSignal(panel.reload_requested) as signal:
         panel.found_models.activated.emit(1)
     assert signal.args == ["/m/blob", 0, None]
+
+
+def test_threads_offered_are_the_cpus_this_process_may_use(qtbot, monkeypatch):
+    """Under taskset or a container's cpuset the panel offers no more threads than
+    the CPUs kvtrim may run on (the CLI's --threads check counts the same way)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    panel = SettingsPanel(Settings(), find=list)
+    qtbot.addWidget(panel)
+    assert panel.threads.maximum() == 1
