@@ -35,9 +35,9 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.95)
 PASSKEY_JUNK = 150  # about 3,600 tokens
 
 
-def _passkey_hits(engine, policy: str, budget: int) -> list[bool]:
+def _passkey_hits(engine, policy: str, budget: int, depths=DEPTHS) -> list[bool]:
     hits = []
-    for depth in DEPTHS:
+    for depth in depths:
         key = passkey_key(depth)
         prompt = Prompt(
             PASSKEY_PREFIX, passkey_document(PASSKEY_JUNK, depth, key), PASSKEY_SUFFIX, (), True
@@ -52,11 +52,13 @@ def _passkey_hits(engine, policy: str, budget: int) -> list[bool]:
 
 def test_passkey_question_aware_snapkv_beats_streaming(engine):
     snap = _passkey_hits(engine, "snapkv", 512)
-    stream = _passkey_hits(engine, "streaming", 512)
-    # measured: snapkv 5/5; streaming only the key in the recent window (depth 0.95)
+    # StreamingLLM keeps the sinks and its recent window: a key 1,000-2,500 tokens
+    # before the end is gone (two depths say so; the other three cost 3 more reads
+    # of 3,600 tokens and showed the same, with the 0.95 key found in the window)
+    stream = _passkey_hits(engine, "streaming", 512, depths=(0.3, 0.7))
+    # measured: snapkv 5/5
     check("snapkv keys found of 5 depths", sum(snap), ">=", 4)
-    assert stream[:4] == [False] * 4, stream
-    assert sum(snap) >= sum(stream) + 3
+    assert stream == [False, False], stream
 
 
 def _plain_llama_greedy(engine, prompt: list[int], n: int, flash: bool, batch: int) -> str:
