@@ -35,7 +35,7 @@ def _mix(text: str) -> tuple[int, int]:
 
 
 _GRID_OPTIONS: tuple[Option, ...] = (  # what the comparison (and the parts) run
-    (("--quick",), {"action": "store_true", "help": "a small grid (under 2 minutes)"}),
+    (("--quick",), {"action": "store_true", "help": "a small grid (about 6 minutes on 2 cores)"}),
     (
         ("--policies",),
         {
@@ -127,8 +127,8 @@ _PART_OPTIONS: tuple[Option, ...] = (  # one part of the benchmark instead of th
             "streaming at budgets 1024 and 4096 in each positions mode (auto, compact, original, "
             "bounded). The "
             "full grid reads about 100M prompt tokens: days on 2 cores; with --quick (2K "
-            "tokens, 12 answers) about a minute. --parts picks tasks, --positions position "
-            "modes; writes OUT/ruler.json, OUT/ruler.md and OUT/ruler.png",
+            "tokens, 12 answers) about 5 minutes on 2 cores. --parts picks tasks, --positions "
+            "position modes; writes OUT/ruler.json, OUT/ruler.md and OUT/ruler.png",
         },
     ),
     (
