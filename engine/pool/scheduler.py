@@ -269,10 +269,15 @@ class Scheduler:
         """The ``llama_decode`` calls of one round. Shared pool: one, whatever the
         mix (llama.cpp's ``split_simple`` keeps it one ubatch). One stream per
         sequence: llama.cpp splits a batch into ubatches of equal slices of
-        consecutive sequence ids, so one-token steps go together in runs of
-        consecutive ids, and a longer step (a prefill chunk) goes alone."""
+        consecutive sequence ids (``split_equal``: every sequence's first token
+        together, a prompt's rest after). Where no step captures, the round is one
+        call too, as llama-server's are, in id order; the capture reads one ubatch
+        per decode, so with it one-token steps go together in runs of consecutive
+        ids, and a longer step (a prefill chunk) goes alone."""
         if self.layout == "shared":
             return [steps]
+        if all(s.capture is None for s in steps):
+            return [sorted(steps, key=lambda s: s.seq)]
         ones = sorted((s for s in steps if len(s.tokens) == 1), key=lambda s: s.seq)
         groups: list[list[_Step]] = []
         for step in ones:

@@ -21,6 +21,7 @@ from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineEr
 from engine.native.model import log as llama_log
 from engine.policies import Needs, make_policy
 from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
+from engine.pool.scheduler import Scheduler
 from engine.session.config import default_threads
 from engine.session.core import Session, SessionConfig
 from engine.session.prompts import ask_prompt
@@ -77,6 +78,42 @@ def test_needles_found_together_are_the_ones_found_alone(engine, layout):
     snap = pool.snapshot()
     check("tokens per decode step", snap["tokens"] / snap["steps"], ">", 1.5)
     assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
+
+
+def test_streams_decode_a_round_in_one_call_where_nothing_is_captured(engine, monkeypatch):
+    """One KV stream per sequence and a policy that reads no attention: each round of
+    the scheduler is one ``llama_decode`` (llama.cpp splits it into ubatches), as
+    llama-server's are, and each sequence finds its key as it does alone."""
+    rounds: list[int] = []
+    run = Scheduler._run
+
+    def counted(self, steps):
+        rounds.append(len(steps))
+        return run(self, steps)
+
+    monkeypatch.setattr(Scheduler, "_run", counted)
+    docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
+    alone = []
+    for doc in docs:
+        with engine.session("streaming", 512) as s:
+            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    together: list[str] = [""] * 3
+    pool = KVPool(
+        engine.model, cells=1536, max_seqs=3, n_threads=THREADS, layout="streams", needs=Needs()
+    )
+
+    def job(i: int) -> None:
+        n = _n_tokens(engine.model, docs[i], 10)
+        with pool.open(make_policy("streaming"), SessionConfig(512), n) as s:
+            together[i] = s.collect(s.ask(docs[i], Q, answer_prefix=PREFIX, max_tokens=10)).text
+
+    run_together(job, range(3), pool)
+    snap = pool.snapshot()
+    assert snap["steps"] == len(rounds), (snap["steps"], rounds)  # one call a round
+    assert max(rounds) == 3  # the three sequences' steps went together
+    for key, one, many in zip(KEYS, alone, together, strict=True):
+        assert (str(key) in one) == (str(key) in many), (key, one, many)
+    assert str(KEYS[0]) in together[0] and str(KEYS[2]) in together[2]
 
 
 class _Log(logging.Handler):
