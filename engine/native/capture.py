@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ _PREFIX = b"kq_soft_max-"
 _FUSED = b"kqv_out-"
 _FLASH_OP = b"FLASH_ATTN_EXT"
 _KEYS = b"Kcur-"
+_KEY, _ATTN = 0, 1  # the order of a captured layer's nodes in its graph
 
 
 @dataclass
@@ -53,7 +54,8 @@ class Captured:
 class Segment:
     """The rows ``[start, stop)`` of one sequence in KV stream ``stream`` of the
     batch: keep its last ``rows`` attention rows (0: none), with ``visibility``
-    which cells each row saw, with ``keys`` the keys of its rows."""
+    which cells each row saw, with ``keys`` the keys of its rows. ``owner``: the
+    result it adds to where one sequence's rows span ubatches (``Ubatch``)."""
 
     start: int
     stop: int
@@ -61,10 +63,21 @@ class Segment:
     visibility: bool
     stream: int = 0
     keys: bool = False
+    owner: int = 0
 
     @property
     def wanted(self) -> bool:
         return self.rows > 0 or self.visibility or self.keys
+
+
+@dataclass(frozen=True)
+class Ubatch:
+    """One of the ubatches llama.cpp splits a decode into (ubatch.py): ``n_rows``
+    rows in each of its ``n_streams`` KV streams, and its ``segments``."""
+
+    n_rows: int
+    n_streams: int
+    segments: tuple[Segment, ...]
 
 
 class _Part:
@@ -113,43 +126,61 @@ class Capture:
             raise ValueError("at least one layer to capture is needed")
         self.layers = tuple(layers)
         self.key_shape = key_shape
-        self._wanted = {str(layer).encode() for layer in self.layers}
+        self._rank = {str(layer).encode(): i for i, layer in enumerate(sorted(self.layers))}
         self._live = False  # armed, and some node of this decode may still be read
         self._keys = False
-        self._parts: list[_Part] = []
-        self._n_rows = 0
-        self._n_streams = 1
+        self._plan: list[tuple[Ubatch, list[_Part]]] = []
+        self._ub = -1  # the ubatch whose graph runs now (-1: none seen yet)
+        self._last = -1  # the last ubatch that wants something
+        self._phase: tuple[int, int] | None = None  # (layer rank, kind) of the last node seen
         self._seconds = 0.0
         self.error: BaseException | None = None
         self.c_callback = _ggml.make_eval_callback(self._on_tensor)
 
     def arm(self, n_rows: int, segments: Sequence[Segment], n_streams: int = 1) -> None:
-        """Capture the next decode of ``n_rows`` rows in each of ``n_streams`` KV
-        streams for ``segments``."""
+        """Capture the next decode, one ubatch of ``n_rows`` rows in each of
+        ``n_streams`` KV streams, for ``segments`` (one result each)."""
+        segs = tuple(replace(s, owner=i) for i, s in enumerate(segments))
+        self.arm_ubatches([Ubatch(n_rows, n_streams, segs)])
+
+    def arm_ubatches(self, ubatches: Sequence[Ubatch]) -> None:
+        """Capture the next decode, which llama.cpp splits into ``ubatches``; the
+        segments of one ``owner`` are joined, in ubatch order, into one result."""
+        segments = [s for u in ubatches for s in u.segments]
         if self.key_shape is None and any(s.keys for s in segments):
             raise ValueError("this capture was made without keys")
-        self._parts = [_Part(s) for s in segments]
-        self._live = any(s.wanted for s in segments)
+        self._plan = [(u, [_Part(s) for s in u.segments]) for u in ubatches]
+        wanting = [i for i, u in enumerate(ubatches) if any(s.wanted for s in u.segments)]
+        self._last = wanting[-1] if wanting else -1
+        self._live = bool(wanting)
         self._keys = any(s.keys for s in segments)
-        self._n_rows = n_rows
-        self._n_streams = n_streams
+        self._ub, self._phase = -1, None
         self._seconds = 0.0
         self.error = None
 
     def take(self) -> list[Captured]:
-        """What the last armed decode captured, one per segment; disarms."""
+        """What the last armed decode captured, one per owner (in owner order); disarms."""
         self._live = False
         if self.error is not None:
             raise self.error
-        out = []
-        for part in self._parts:
-            if part.attn is not None and part.layers > 1:
-                part.attn /= part.layers
-            keys = None
-            if part.keys:
-                keys = np.stack([part.keys[k] for k in sorted(part.keys, key=int)], axis=1)
-            out.append(Captured(part.visible, part.attn, self._seconds, keys))
-        return out
+        if self._ub < self._last:
+            raise RuntimeError(
+                f"capture lost track: {self._ub + 1} ubatches seen, {self._last + 1} wanted"
+            )
+        owners: dict[int, list[_Part]] = {}
+        for _u, parts in self._plan:
+            for part in parts:
+                owners.setdefault(part.seg.owner, []).append(part)
+        return [_join(owners[o], self._seconds) for o in sorted(owners)]
+
+    def disarm(self) -> list[Captured]:
+        """The armed decode failed before it ran: nothing was captured."""
+        self._live = False
+        return []
+
+    @property
+    def _parts(self) -> list[_Part]:
+        return self._plan[self._ub][1] if 0 <= self._ub < len(self._plan) else []
 
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
         # ask=True: do we want this node? ask=False: it is computed, read it; returning
@@ -159,17 +190,19 @@ class Capture:
         if not self._live or not tensor:
             return not ask
         name = _ggml.tensor_name_bytes(tensor)
-        if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._wanted:
-            if not self._attention_wanted():
-                return not ask
-            read = self._read
+        if name.startswith(_PREFIX) and name[len(_PREFIX) :] in self._rank:
+            kind, layer, read = _ATTN, name[len(_PREFIX) :], self._read
         elif name.startswith(_FUSED) and self._is_fused(tensor, name):
-            if not self._attention_wanted():
-                return not ask
-            read = self._read_fused
-        elif self._keys and name.startswith(_KEYS) and self._is_key(tensor, name):
-            read = self._read_keys
+            kind, layer, read = _ATTN, name[len(_FUSED) :], self._read_fused
+        elif self._keys and name.startswith(_KEYS) and name[len(_KEYS) :] in self._rank:
+            kind, layer, read = _KEY, name[len(_KEYS) :], self._read_keys
         else:
+            return not ask
+        if ask and not self._follow(self._rank[layer], kind):
+            return False
+        if kind == _ATTN and not self._attention_wanted():
+            return not ask
+        if kind == _KEY and not self._is_key(tensor):
             return not ask
         if ask:
             return True
@@ -178,16 +211,39 @@ class Capture:
             read(tensor)
         except BaseException as exc:  # surfaced by take(); never raise into C
             self.error = exc
-        self._live = self._keys or self._attention_wanted()
+        self._live = self.error is None and self._more()
         self._seconds += time.perf_counter() - start
         return True
 
-    def _is_key(self, tensor: int, name: bytes) -> bool:
+    def _follow(self, rank: int, kind: int) -> bool:
+        """Note a node of a captured layer (asked once each); a node that comes before
+        the last one in a layer's order starts the next ubatch's graph. False: more
+        ubatches than planned (the capture stops and ``take`` raises)."""
+        at = (rank, kind)
+        if self._phase is None or at < self._phase or (at == self._phase and kind == _ATTN):
+            self._ub += 1
+            if self._ub >= len(self._plan):
+                self.error = RuntimeError(
+                    f"capture lost track: more than the {len(self._plan)} ubatches planned"
+                )
+                self._live = False
+                return False
+        self._phase = at
+        return True
+
+    def _more(self) -> bool:
+        """Some node of this decode is still to be read: the ubatch running now still
+        wants keys or attention, or a later one wants something."""
+        keys = any(p.seg.keys for p in self._parts)
+        return self._ub < self._last or keys or self._attention_wanted()
+
+    def _is_key(self, tensor: int) -> bool:
         """A layer's keys as the cache takes them: ``[head_dim, n_head_kv, tokens]``."""
-        if name[len(_KEYS) :] not in self._wanted or self.key_shape is None:
+        if self.key_shape is None or not 0 <= self._ub < len(self._plan):
             return False
         head_dim, n_head, n_tokens, _ = _ggml.tensor_shape(tensor)
-        return (head_dim, n_head) == self.key_shape and n_tokens == self._n_rows * self._n_streams
+        ub = self._plan[self._ub][0]
+        return (head_dim, n_head) == self.key_shape and n_tokens == ub.n_rows * ub.n_streams
 
     def _read_keys(self, tensor: int) -> None:
         layer = _ggml.tensor_name_bytes(tensor)[len(_KEYS) :]
@@ -195,7 +251,7 @@ class Capture:
             seg = part.seg
             if not seg.keys:
                 continue
-            row0 = seg.stream * self._n_rows + seg.start
+            row0 = seg.stream * self._plan[self._ub][0].n_rows + seg.start
             keys = _ggml.read_keys(tensor, row0, row0 + seg.stop - seg.start)
             norms = np.linalg.norm(keys, axis=-1, keepdims=True)
             part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
@@ -206,15 +262,16 @@ class Capture:
         return any(p.wants_attention for p in self._parts)
 
     def _check_rows(self, n_rows: int, n_stream: int) -> None:
-        if n_rows != self._n_rows or n_stream != self._n_streams:
+        ub = self._plan[self._ub][0]
+        if n_rows != ub.n_rows or n_stream != ub.n_streams:
             raise RuntimeError(
                 f"capture lost track: {n_rows} rows in {n_stream} streams, expected "
-                f"{self._n_rows} in {self._n_streams} (one ubatch per decode)"
+                f"{ub.n_rows} in {ub.n_streams} (ubatch {self._ub + 1} of {len(self._plan)})"
             )
 
     def _is_fused(self, tensor: int, name: bytes) -> bool:
         """A wanted layer's attention output computed by flash attention."""
-        if name[len(_FUSED) :] not in self._wanted:
+        if name[len(_FUSED) :] not in self._rank:
             return False
         src = _ggml.tensor_src(tensor, 0)
         return bool(src) and _ggml.tensor_op(src) == _FLASH_OP
@@ -286,6 +343,32 @@ class Capture:
             if not part.rows:
                 continue
             part.add(probs[:, probs.shape[1] - part.rows :, :].mean(axis=0))
+
+
+def _join(parts: Sequence[_Part], seconds: float) -> Captured:
+    """One sequence's result from its parts, one per ubatch its rows were in (each
+    ubatch has its own ``n_kv``: the narrower are padded with unseen cells)."""
+    for part in parts:
+        if part.attn is not None and part.layers > 1:
+            part.attn /= part.layers
+            part.layers = 1
+    keys = [np.stack([p.keys[k] for k in sorted(p.keys, key=int)], axis=1) for p in parts if p.keys]
+    return Captured(
+        _rows([p.visible for p in parts if p.visible is not None]),
+        _rows([p.attn for p in parts if p.attn is not None]),
+        seconds,
+        np.concatenate(keys) if keys else None,
+    )
+
+
+def _rows(blocks: list[np.ndarray]) -> np.ndarray | None:
+    """Row blocks of several widths stacked, each padded on the right with zeros."""
+    if not blocks:
+        return None
+    if len(blocks) == 1:
+        return blocks[0]
+    width = max(b.shape[1] for b in blocks)
+    return np.concatenate([np.pad(b, ((0, 0), (0, width - b.shape[1]))) for b in blocks])
 
 
 def attention(

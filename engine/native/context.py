@@ -19,7 +19,7 @@ from llama_cpp import _internals
 
 from ..errors import CacheFullError, Cancelled, EngineError, OutOfMemoryError
 from . import _ggml
-from .capture import Capture, Captured, Segment
+from .capture import Capture, Captured, Segment, Ubatch
 from .cpu import one_blas_thread
 from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
@@ -192,10 +192,13 @@ class NativeContext:
         entries: Sequence[tuple[int, int, int, bool]],
         segments: Sequence[Segment] = (),
         n_streams: int = 1,
+        *,
+        ubatches: Sequence[Ubatch] = (),
     ) -> list[Captured]:
         """Decode ``(seq, token, position, wants_logits)`` entries in one
         ``llama_decode``; capture the attention of ``segments`` (rows of the batch,
-        or with ``n_streams`` > 1 of each stream: see capture.py)."""
+        or with ``n_streams`` > 1 of each stream: see capture.py), or of the
+        segments of each of the ``ubatches`` llama.cpp splits the batch into."""
         n = len(entries)
         if not 0 < n <= self.n_batch:
             raise EngineError(f"decode of {n} tokens does not fit a batch of {self.n_batch}")
@@ -212,13 +215,19 @@ class NativeContext:
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
         self._watch_abort(n > ABORT_FROM_TOKENS)
-        if segments:
+        armed = bool(segments or ubatches)
+        got: list[Captured] = []
+        if armed:
             if self.capture is None:
                 raise EngineError("this context was made without attention capture")
-            self.capture.arm(n // n_streams, segments, n_streams)
+            if ubatches:
+                self.capture.arm_ubatches(ubatches)
+            else:
+                self.capture.arm(n // n_streams, segments, n_streams)
         with decoding(self.cancel_event):  # a cancel's abort is not logged as an error
             rc = llama_cpp.llama_decode(self._ctx.ctx, b)
-        got = self.capture.take() if segments and self.capture is not None else []
+        if armed and self.capture is not None:
+            got = self.capture.take() if rc == 0 else self.capture.disarm()
         if rc == 0:
             return got
         if rc == 2:

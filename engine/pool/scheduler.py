@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CacheFullError, Cancelled, EngineError
-from ..native.capture import Captured, Segment
+from ..native.capture import Captured, Segment, Ubatch
 from ..native.context import NativeContext
 from ..native.kvmemory import CacheSettings
+from ..native.ubatch import split_equal
 from .plan import Room, Waiting, plan
 
 OWED_LIMIT_S = 2.0  # a sequence owed back longer than this no longer holds the batch
@@ -97,6 +98,30 @@ class _Step:
         return Waiting(self.seq, len(self.tokens), self.order, self.skipped)
 
 
+def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
+    """One KV stream per sequence: the ubatches llama.cpp splits a round of
+    ``steps`` (in batch order) into, each with the segments of the steps that
+    capture; a step's rows may span two (its last ``rows`` rows are kept wherever
+    they fall). None where no step captures."""
+    if all(s.capture is None for s in steps):
+        return []
+    by_seq = {s.seq: s for s in steps}
+    owner = {s.seq: k for k, s in enumerate(s for s in steps if s.capture is not None)}
+    out = []
+    for slices in split_equal([(s.seq, len(s.tokens)) for s in steps], n_ubatch):
+        segments = []
+        for sl in slices:
+            c, n = by_seq[sl.seq].capture, len(by_seq[sl.seq].tokens)
+            if c is None:
+                continue
+            kept = max(0, min(sl.count, sl.first + sl.count - (n - min(c.rows, n))))
+            segments.append(
+                Segment(0, sl.count, kept, c.visibility, sl.stream, c.keys, owner[sl.seq])
+            )
+        out.append(Ubatch(slices[0].count, len(slices), tuple(segments)))
+    return out
+
+
 class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
@@ -114,6 +139,7 @@ class Scheduler:
         self._stall = False
         self._split_next = False
         self._no_room_since: float | None = None  # when the first batch found no room
+        self._running: list[_Step] = []  # the batch being decoded
         self.closed = False  # no new steps: stopped, or the thread died
         self.error: BaseException | None = None  # what stopped the thread, if anything
         self.steps = 0  # llama_decode calls
@@ -184,7 +210,12 @@ class Scheduler:
             with self._cond:
                 self.error = exc
                 self.closed = True
-                self._fail_waiting(EngineError(f"the pool's scheduler stopped: {exc}"))
+                error = EngineError(f"the pool's scheduler stopped: {exc}")
+                self._fail_waiting(error)
+                for step in self._running:  # taken into a batch that never answered
+                    if not step.done.is_set():
+                        step.error = error
+                        step.done.set()
                 self._cond.notify_all()
 
     def _fail_waiting(self, error: BaseException) -> None:
@@ -211,6 +242,7 @@ class Scheduler:
                         self._starved()
                         continue
                 self._no_room_since = None
+                self._running = batch
             self._run(batch)
 
     def _starved(self) -> None:
@@ -265,27 +297,16 @@ class Scheduler:
             step.taken = True
         return batch
 
-    def _groups(self, steps: list[_Step]) -> list[list[_Step]]:
-        """The ``llama_decode`` calls of one round. Shared pool: one, whatever the
-        mix (llama.cpp's ``split_simple`` keeps it one ubatch). One stream per
-        sequence: llama.cpp splits a batch into ubatches of equal slices of
-        consecutive sequence ids (``split_equal``: every sequence's first token
-        together, a prompt's rest after). Where no step captures, the round is one
-        call too, as llama-server's are, in id order; the capture reads one ubatch
-        per decode, so with it one-token steps go together in runs of consecutive
-        ids, and a longer step (a prefill chunk) goes alone."""
+    def _in_batch_order(self, steps: list[_Step]) -> list[_Step]:
+        """The round's steps in batch order: one ``llama_decode`` for all of them, as
+        llama-server's rounds are. Shared pool: as chosen (llama.cpp's
+        ``split_simple`` keeps it one ubatch). One stream per sequence: by sequence
+        id, which llama.cpp splits into ubatches of equal slices of runs of
+        consecutive ids (native/ubatch.py: every sequence's first token together, a
+        prompt's rest after), and the capture follows those ubatches."""
         if self.layout == "shared":
-            return [steps]
-        if all(s.capture is None for s in steps):
-            return [sorted(steps, key=lambda s: s.seq)]
-        ones = sorted((s for s in steps if len(s.tokens) == 1), key=lambda s: s.seq)
-        groups: list[list[_Step]] = []
-        for step in ones:
-            if groups and groups[-1][-1].seq == step.seq - 1:
-                groups[-1].append(step)
-            else:
-                groups.append([step])
-        return groups + [[s] for s in steps if len(s.tokens) > 1]
+            return steps
+        return sorted(steps, key=lambda s: s.seq)
 
     # -- one decode -------------------------------------------------------
 
@@ -294,20 +315,23 @@ class Scheduler:
             self.owed_s += time.perf_counter() - self._owed_since
         for step in steps:
             step.requeue = False
-        for group in self._groups(steps):
-            self._decode(group)
+        self._decode(self._in_batch_order(steps))
         with self._cond:
             self._owed_since = time.perf_counter() if self._owed else None
 
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
         entries, segments, starts = self._batch(steps)
+        streams = self.layout != "shared"
+        ubatches = stream_ubatches(steps, self.shared.ctx.n_batch) if streams else []
+        n_captured = sum(s.capture is not None for s in steps)
         t0 = time.perf_counter()
         try:
             with self.shared.cpu, self.shared.lock:
-                got = iter(self.shared.ctx.decode_batch(entries, segments, self._streams(steps)))
+                ctx = self.shared.ctx
+                got = iter(ctx.decode_batch(entries, segments, ubatches=ubatches))
                 for step, a in zip(steps, starts, strict=True):
-                    self._read_out(step, a, got, len(segments))
+                    self._read_out(step, a, got, n_captured)
         except CacheFullError as exc:
             self._no_room(steps, exc)
         except BaseException as exc:  # every sequence of the batch hears of it
@@ -316,31 +340,24 @@ class Scheduler:
         finally:
             self._account(steps, len(entries), time.perf_counter() - t0)
 
-    def _streams(self, steps: list[_Step]) -> int:
-        """KV streams of one decode: one pool, or one stream per step."""
-        return 1 if self.layout == "shared" else len(steps)
-
     def _batch(
         self, steps: list[_Step]
     ) -> tuple[list[tuple[int, int, int, bool]], list[Segment], list[int]]:
         """The batch's ``(seq, token, pos, logits)`` entries, the attention segments
-        to capture, and where each step's tokens start in the batch."""
+        to capture in the shared pool's one ubatch, and where each step's tokens
+        start in the batch."""
         entries: list[tuple[int, int, int, bool]] = []
         segments: list[Segment] = []
         starts: list[int] = []
-        streams = self._streams(steps)
-        for k, step in enumerate(steps):
+        for step in steps:
             a, n = len(entries), len(step.tokens)
             starts.append(a)
             for i, tok in enumerate(step.tokens):
                 out = step.every or (step.logits and i == n - 1)
                 entries.append((step.seq, tok, step.pos0 + i, out))
-            if step.capture is not None:
-                rows, vis, keys = step.capture.rows, step.capture.visibility, step.capture.keys
-                if streams == 1:
-                    segments.append(Segment(a, a + n, rows, vis, keys=keys))
-                else:  # stream k holds this step's n rows
-                    segments.append(Segment(0, n, rows, vis, stream=k, keys=keys))
+            c = step.capture
+            if c is not None and self.layout == "shared":
+                segments.append(Segment(a, a + n, c.rows, c.visibility, keys=c.keys))
         return entries, segments, starts
 
     def _read_out(self, step: _Step, a: int, got: Iterator[Captured], n_segments: int) -> None:

@@ -40,6 +40,7 @@ from llama_cpp import _internals
 from engine.native import _ggml
 from engine.native.model import Model
 from engine.native.model import log as llama_log
+from engine.native.ubatch import split_equal
 
 GLOBAL_LAYER = 5  # Gemma 3 270M: 5, 11, 17 are global; the others slide over 512
 SWA_LAYER = 0
@@ -240,37 +241,25 @@ class MultiCtx:
 def split_rows(seqs: Sequence[int], unified: bool, n_ubatch: int) -> list[list[list[int]]]:
     """Which batch index each row of each stream of each ubatch holds.
 
-    ``seqs``: the sequence of each batch entry, in batch order. Returns one entry
-    per ubatch: a list per stream of batch indices. Mirrors llama.cpp 0.3.36:
-    a unified cache takes ``split_simple`` (batch order, one stream); one stream
-    per sequence takes ``split_equal(n_ubatch, sequential=true)`` (iSWA and plain
-    caches alike): the sequences of a ubatch are consecutive ids in order of first
-    appearance, each gives the same number of tokens, and rows are grouped per
-    sequence (stream) in ascending seq id order.
+    ``seqs``: the sequence of each batch entry, in batch order, each sequence's
+    entries together. Returns one entry per ubatch: a list per stream of batch
+    indices. A unified cache takes ``split_simple`` (batch order, one stream); one
+    stream per sequence takes ``split_equal(n_ubatch, sequential=true)``, which
+    the engine predicts (engine/native/ubatch.py).
     """
     n = len(seqs)
     if unified:
         return [[list(range(a, min(a + n_ubatch, n)))] for a in range(0, n, n_ubatch)]
-    used = [False] * n
-    out = []
-    while not all(used):
-        cur: list[int] = []
-        for i in range(n):
-            if used[i] or seqs[i] in cur:
-                continue
-            if cur and seqs[i] != cur[-1] + 1:
-                continue
-            cur.append(seqs[i])
-        rem = {s: [i for i in range(n) if seqs[i] == s and not used[i]] for s in cur}
-        count = min(min(len(v) for v in rem.values()), max(1, n_ubatch // len(cur)))
-        ub = []
-        for s in cur:
-            take = rem[s][:count]
-            for i in take:
-                used[i] = True
-            ub.append(take)
-        out.append(ub)
-    return out
+    at: dict[int, list[int]] = {}
+    for i, seq in enumerate(seqs):
+        at.setdefault(seq, []).append(i)
+    if any(idx != list(range(idx[0], idx[0] + len(idx))) for idx in at.values()):
+        raise ValueError("each sequence's entries must be together")
+    runs = [(seq, len(idx)) for seq, idx in at.items()]
+    return [
+        [at[s.seq][s.first : s.first + s.count] for s in ubatch]
+        for ubatch in split_equal(runs, n_ubatch)
+    ]
 
 
 # ---------------------------------------------------------------- the checks

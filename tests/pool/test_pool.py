@@ -49,8 +49,26 @@ def pool(engine):
         yield p
 
 
+def _count_rounds(monkeypatch) -> list[int]:
+    """The steps of each of the scheduler's rounds, as they run."""
+    rounds: list[int] = []
+    run = Scheduler._run
+
+    def counted(self, steps):
+        rounds.append(len(steps))
+        return run(self, steps)
+
+    monkeypatch.setattr(Scheduler, "_run", counted)
+    return rounds
+
+
 @pytest.mark.parametrize("layout", ["shared", "streams"])
-def test_needles_found_together_are_the_ones_found_alone(engine, layout):
+def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, layout):
+    """SnapKV reads attention in every step (which cells each row sees; an eviction's
+    window rows too); with one stream per sequence llama.cpp splits a round that
+    holds a prompt chunk into ubatches, and the capture follows them: one
+    ``llama_decode`` a round in both layouts."""
+    rounds = _count_rounds(monkeypatch)
     # the second document is longer than its share: it evicts while the others run
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = []
@@ -78,20 +96,14 @@ def test_needles_found_together_are_the_ones_found_alone(engine, layout):
     snap = pool.snapshot()
     check("tokens per decode step", snap["tokens"] / snap["steps"], ">", 1.5)
     assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
+    assert snap["steps"] == len(rounds) and max(rounds) == 3  # one call a round
 
 
 def test_streams_decode_a_round_in_one_call_where_nothing_is_captured(engine, monkeypatch):
     """One KV stream per sequence and a policy that reads no attention: each round of
     the scheduler is one ``llama_decode`` (llama.cpp splits it into ubatches), as
     llama-server's are, and each sequence finds its key as it does alone."""
-    rounds: list[int] = []
-    run = Scheduler._run
-
-    def counted(self, steps):
-        rounds.append(len(steps))
-        return run(self, steps)
-
-    monkeypatch.setattr(Scheduler, "_run", counted)
+    rounds = _count_rounds(monkeypatch)
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = []
     for doc in docs:
@@ -368,6 +380,33 @@ def test_a_scheduler_that_fails_answers_every_caller(engine):
             s.collect(s.run_tokens(hello, [1], max_tokens=2))
         with pytest.raises(Cancelled):  # the pool refuses new work instead of hanging
             p.open(make_policy("streaming"), SessionConfig(512), 40)
+        s.close()
+
+
+def test_a_scheduler_that_fails_mid_batch_answers_the_batch(engine):
+    """A fault after a batch was taken from the queue (its steps are no longer
+    waiting) still answers that batch's callers instead of leaving them waiting."""
+    with KVPool(engine.model, cells=1024, max_seqs=2, n_threads=1, needs=Needs()) as p:
+        s = p.open(make_policy("streaming"), SessionConfig(512), 40)
+
+        def broken(steps: list) -> None:
+            raise RuntimeError("scheduler bug")
+
+        p.scheduler._decode = broken  # type: ignore[method-assign]
+        hello = engine.model.tokenize("Hello", add_bos=True)
+        raised: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                s.collect(s.run_tokens(hello, [1], max_tokens=2))
+            except BaseException as exc:
+                raised.append(exc)
+
+        caller = threading.Thread(target=ask, daemon=True)
+        caller.start()
+        caller.join(60)
+        assert not caller.is_alive(), "the caller was left waiting"
+        assert len(raised) == 1 and "scheduler stopped" in str(raised[0]), raised
         s.close()
 
 

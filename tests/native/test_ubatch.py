@@ -1,0 +1,155 @@
+"""llama.cpp's split of a stream batch into ubatches (engine/native/ubatch.py), as a
+function: the cases the pool's rounds make, checked against the rule read in
+``llama_batch_allocr::split_equal`` (sequential); the capture checks the same
+prediction against llama.cpp's own graphs (tests/pool/test_pool.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.native.capture import Capture, Segment
+from engine.native.context import NativeContext
+from engine.native.ubatch import Slice, split_equal
+from engine.pool.scheduler import _Step, stream_ubatches
+from engine.session.config import default_threads
+
+THREADS = default_threads()  # what this test run may use (conftest pins xdist workers)
+
+
+def _shape(ubatches: list[list[Slice]]) -> list[list[tuple[int, int, int]]]:
+    return [[(s.seq, s.first, s.count) for s in u] for u in ubatches]
+
+
+def test_answer_tokens_of_consecutive_sequences_are_one_ubatch():
+    got = split_equal([(s, 1) for s in range(8)], 512)
+    assert _shape(got) == [[(s, 0, 1) for s in range(8)]]
+    assert [s.stream for s in got[0]] == list(range(8))
+
+
+def test_a_prompt_rides_with_the_answers_then_goes_on_alone():
+    got = split_equal([(0, 1), (1, 1), (2, 170), (3, 1)], 512)
+    assert _shape(got) == [[(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1)], [(2, 1, 169)]]
+    assert got[1][0].stream == 0
+
+
+def test_a_gap_in_the_ids_starts_another_ubatch():
+    got = split_equal([(0, 1), (1, 1), (3, 1), (4, 40)], 512)
+    assert _shape(got) == [[(0, 0, 1), (1, 0, 1)], [(3, 0, 1), (4, 0, 1)], [(4, 1, 39)]]
+
+
+def test_prompts_go_in_equal_slices_as_far_as_the_shortest():
+    got = split_equal([(2, 30), (3, 50)], 512)
+    assert _shape(got) == [[(2, 0, 30), (3, 0, 30)], [(3, 30, 20)]]
+
+
+def test_n_ubatch_caps_each_sequence_s_slice():
+    got = split_equal([(0, 300), (1, 300)], 512)
+    assert _shape(got) == [
+        [(0, 0, 256), (1, 0, 256)],
+        [(0, 256, 44), (1, 256, 44)],
+    ]
+    assert _shape(split_equal([(5, 700)], 512)) == [[(5, 0, 512)], [(5, 512, 188)]]
+
+
+def test_every_token_is_in_exactly_one_ubatch():
+    runs = [(0, 3), (1, 1), (2, 9), (4, 1), (5, 2), (6, 1), (9, 7)]
+    seen = {seq: [] for seq, _ in runs}
+    for ubatch in split_equal(runs, 8):
+        counts = {s.count for s in ubatch}
+        assert len(counts) == 1 and len(ubatch) * counts.pop() <= max(8, len(ubatch))
+        ids = [s.seq for s in ubatch]
+        assert ids == list(range(ids[0], ids[0] + len(ids)))  # a run of consecutive ids
+        for s in ubatch:
+            seen[s.seq].extend(range(s.first, s.first + s.count))
+    assert seen == {seq: list(range(n)) for seq, n in runs}
+
+
+@pytest.mark.parametrize("runs", [[(0, 1), (0, 2)], [(1, 0)]])
+def test_a_batch_the_pool_never_makes_is_refused(runs):
+    with pytest.raises(ValueError):
+        split_equal(runs, 512)
+
+
+def _steps(
+    prompts: dict[int, list[int]], held: dict[int, int], captures: dict[int, Segment]
+) -> list[_Step]:
+    return [
+        _Step(seq, toks, held[seq], True, False, captures.get(seq), k)
+        for k, (seq, toks) in enumerate(sorted(prompts.items()))
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flash", [False, True])
+def test_a_round_llama_cpp_splits_is_captured_as_its_steps_alone(engine, flash):
+    """One stream per sequence: an answer token of sequences 0 and 2 and a 30-token
+    prompt chunk of sequence 1 in one ``llama_decode``, which llama.cpp runs as two
+    ubatches (the three first tokens, then the chunk's rest; each with its own
+    ``n_kv``). Each step's cells seen, attention rows, keys and logits are those of
+    the same step decoded alone in a context of the same history."""
+    model = engine.model
+    text = "The pass key is 68142. Remember it. Rivers run to the sea. " * 40
+    toks = model.tokenize(text, add_bos=True)
+    held = {0: 300, 1: 12, 2: 40}  # sequence 0 holds more than 256 cells: a wider n_kv
+    round_ = {0: toks[300:301], 1: toks[100:130], 2: toks[200:201]}
+    captures = {
+        0: Segment(0, 1, 1, True, keys=True),
+        1: Segment(0, 30, 4, True, keys=True),
+        2: Segment(0, 1, 0, True),
+    }
+    key_shape = (model.info.head_dim_k, model.info.n_head_kv)
+    got = {}
+    for together in (True, False):
+        capture = Capture(model.info.global_layers, key_shape)
+        ctx = NativeContext(model, n_ctx=3 * 512, n_batch=256, n_threads=THREADS,
+                            capture=capture, flash_attn=flash, n_seq_max=3,
+                            kv_unified=False)  # fmt: skip
+        try:
+            for seq, n in held.items():
+                for at in range(0, n, 200):
+                    ctx.decode(toks[at : min(at + 200, n)], at, logits=False, seq=seq)
+            if together:
+                steps = _steps(round_, held, captures)
+                ubatches = stream_ubatches(steps, ctx.n_batch)
+                assert [(u.n_rows, u.n_streams) for u in ubatches] == [(1, 3), (29, 1)]
+                entries = [
+                    (s.seq, t, s.pos0 + i, i == len(s.tokens) - 1)
+                    for s in steps
+                    for i, t in enumerate(s.tokens)
+                ]
+                caps = ctx.decode_batch(entries, ubatches=ubatches)
+                at = np.cumsum([len(s.tokens) for s in steps]) - 1
+                logits = [ctx.logits_at(int(i)) for i in at]
+            else:
+                caps, logits = [], []
+                for seq, piece in sorted(round_.items()):
+                    caps.append(
+                        ctx.decode(piece, held[seq], logits=True, capture=captures[seq], seq=seq)
+                    )
+                    logits.append(ctx.last_logits().copy())
+        finally:
+            ctx.close()
+        got[together] = (caps, logits)
+    (one, l_one), (alone, l_alone) = got[True], got[False]
+    for seq, a, b, la, lb in zip(sorted(round_), one, alone, l_one, l_alone, strict=True):
+        n = len(round_[seq])
+        assert a.visible is not None and b.visible is not None
+        assert a.visible.shape[0] == n and a.visible.sum() == b.visible.sum(), seq
+        width = min(a.visible.shape[1], b.visible.shape[1])
+        np.testing.assert_array_equal(a.visible[:, :width], b.visible[:, :width])
+        assert int(np.argmax(la)) == int(np.argmax(lb)), seq
+        np.testing.assert_allclose(la, lb, atol=0.05 * float(np.abs(lb).max()))
+        if captures[seq].rows:
+            assert a.attn is not None and b.attn is not None
+            assert a.attn.shape[0] == min(captures[seq].rows, n)
+            # another batch shape changes llama.cpp's sums a little (0.8% at most
+            # measured, with flash attention); rows of another step differ by far more
+            np.testing.assert_allclose(a.attn[:, :width], b.attn[:, :width], rtol=0.02, atol=1e-3)
+            np.testing.assert_allclose(a.attn.sum(axis=-1), 1.0, atol=1e-3)
+        else:
+            assert a.attn is None and b.attn is None
+        if captures[seq].keys:
+            assert a.keys is not None and b.keys is not None and a.keys.shape == b.keys.shape
+            cosine = (a.keys.astype(np.float32) * b.keys.astype(np.float32)).sum(axis=-1)
+            assert cosine.min() > 0.99, cosine.min()  # unit keys: the same rows
