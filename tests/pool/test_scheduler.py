@@ -49,7 +49,7 @@ class _RecordingContext:
     def __init__(self) -> None:
         self.n_batch, self.n_ctx, self.batches = 512, 2048, []
 
-    def decode_batch(self, entries, segments, n_streams):
+    def decode_batch(self, entries, segments, n_streams=1, *, ubatches=()):
         self.batches.append(sorted({seq for seq, *_ in entries}))
         return []
 
