@@ -49,6 +49,15 @@ def pool(engine):
         yield p
 
 
+def _answers_alone(engine, policy: str, docs: list[str]) -> list[str]:
+    """Each document's answer from a session of its own (budget 512)."""
+    alone = []
+    for doc in docs:
+        with engine.session(policy, 512) as s:
+            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    return alone
+
+
 def _count_rounds(monkeypatch) -> list[int]:
     """The steps of each of the scheduler's rounds, as they run."""
     rounds: list[int] = []
@@ -71,10 +80,7 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     rounds = _count_rounds(monkeypatch)
     # the second document is longer than its share: it evicts while the others run
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
-    alone = []
-    for doc in docs:
-        with engine.session("snapkv", 512) as s:
-            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    alone = _answers_alone(engine, "snapkv", docs)
     together: list[str | None] = [None] * 3
     evicted = [0] * 3
     pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS, layout=layout)
@@ -105,10 +111,7 @@ def test_streams_decode_a_round_in_one_call_where_nothing_is_captured(engine, mo
     llama-server's are, and each sequence finds its key as it does alone."""
     rounds = _count_rounds(monkeypatch)
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
-    alone = []
-    for doc in docs:
-        with engine.session("streaming", 512) as s:
-            alone.append(s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text)
+    alone = _answers_alone(engine, "streaming", docs)
     together: list[str] = [""] * 3
     pool = KVPool(
         engine.model, cells=1536, max_seqs=3, n_threads=THREADS, layout="streams", needs=Needs()
