@@ -182,6 +182,11 @@ class Capture:
     def _parts(self) -> list[_Part]:
         return self._plan[self._ub][1] if 0 <= self._ub < len(self._plan) else []
 
+    @property
+    def _ubatch(self) -> Ubatch:
+        """The ubatch whose graph runs now (a node was followed into it)."""
+        return self._plan[self._ub][0]
+
     def _on_tensor(self, tensor: int, ask: bool, _user_data: int | None) -> bool:
         # ask=True: do we want this node? ask=False: it is computed, read it; returning
         # False then would stop the graph, so every path below answers "not ask".
@@ -239,10 +244,10 @@ class Capture:
 
     def _is_key(self, tensor: int) -> bool:
         """A layer's keys as the cache takes them: ``[head_dim, n_head_kv, tokens]``."""
-        if self.key_shape is None or not 0 <= self._ub < len(self._plan):
+        if self.key_shape is None:
             return False
         head_dim, n_head, n_tokens, _ = _ggml.tensor_shape(tensor)
-        ub = self._plan[self._ub][0]
+        ub = self._ubatch
         return (head_dim, n_head) == self.key_shape and n_tokens == ub.n_rows * ub.n_streams
 
     def _read_keys(self, tensor: int) -> None:
@@ -251,7 +256,7 @@ class Capture:
             seg = part.seg
             if not seg.keys:
                 continue
-            row0 = seg.stream * self._plan[self._ub][0].n_rows + seg.start
+            row0 = seg.stream * self._ubatch.n_rows + seg.start
             keys = _ggml.read_keys(tensor, row0, row0 + seg.stop - seg.start)
             norms = np.linalg.norm(keys, axis=-1, keepdims=True)
             part.keys[layer] = (keys / np.maximum(norms, 1e-12)).astype(np.float16)
@@ -262,7 +267,7 @@ class Capture:
         return any(p.wants_attention for p in self._parts)
 
     def _check_rows(self, n_rows: int, n_stream: int) -> None:
-        ub = self._plan[self._ub][0]
+        ub = self._ubatch
         if n_rows != ub.n_rows or n_stream != ub.n_streams:
             raise RuntimeError(
                 f"capture lost track: {n_rows} rows in {n_stream} streams, expected "
