@@ -87,7 +87,7 @@ class PeerConfig:
     passage_tokens: int = 160
     gen_tokens: int = 32
     slot_cells: int = 256  # llama-server -c = clients x this
-    kv_cells: int = 2048  # kvtrim --kv-cells with more than one client
+    kv_cells: int = 2048  # kvtrim --kv-cells with more than one client, at least llama-server's -c
     serve_budget: int = 512
     kv_layout: str = "shared"  # the serve part's kvtrim --kv-layout with several clients
     lengths: list[int] = field(default_factory=lambda: [8192, 32768, 65536])
@@ -129,7 +129,7 @@ def configurations(cfg: PeerConfig, part: str) -> list[tuple[str, list[Launch]]]
                     Launch(
                         KVTRIM,
                         n,
-                        kv_cells=cfg.kv_cells if n > 1 else None,
+                        kv_cells=max(cfg.kv_cells, n * cfg.slot_cells) if n > 1 else None,
                         budget=cfg.serve_budget,
                         kv_layout=cfg.kv_layout if n > 1 else "shared",
                     ),

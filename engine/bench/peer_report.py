@@ -109,7 +109,8 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
         f"## Serve: ~{cfg['passage_tokens']}-token passages, {cfg['gen_tokens']} tokens each, "
         f"{cfg['requests']} requests",
         "",
-        "llama-server `-np N -c N x {0}`; kvtrim `--parallel N --kv-cells {1}{3} --budget {2}` "
+        "llama-server `-np N -c N x {0}`; kvtrim `--parallel N --kv-cells C{3} --budget {2}`, "
+        "C the larger of {1} and N x {0} "
         "(1 client: `--parallel 1 --budget {2}`). Requests/s over the wall time of all "
         "requests; p50 of each request's latency and (streaming) time to first token.".format(
             cfg["slot_cells"],
