@@ -291,9 +291,13 @@ class Session:
                 self.turns.document = (r.trace.n_ids, list(tokens))
             r.trace.add(name, text, tokens)
         gen = {"max_tokens": max_tokens, "sampling": sampling or Sampling(), "stops": tuple(stops)}
-        if r.checkpoint is None and r.sizing.keeps(n_tokens):  # nothing is evicted, so
-            # the question votes on nothing: one read (in a pool, a batch less to wait for)
-            yield from r.feed([*head, *tail], logits=True)
+        keeps = r.sizing.keeps(n_tokens)  # nothing is evicted: the question votes on nothing
+        at_once = keeps or r.sizing.reads_at_once(len(head) + len(tail), n_tokens, r.ctx)
+        if r.checkpoint is None and at_once:  # one read (in a pool, a round less to wait
+            # for); if the pool shrank the share before it ran, the question votes at the
+            # eviction (without recall_first: it is read already)
+            observe = () if keeps else tail
+            yield from r.feed([*head, *tail], observe=observe, logits=True, whole=True)
             yield from self.generate(**gen)  # type: ignore[arg-type]
             return
         yield from r.feed(head, observe=tail, logits=False)

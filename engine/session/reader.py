@@ -157,16 +157,21 @@ class Reader:
         observe: Sequence[int] = (),
         logits: bool = True,
         every: bool = False,
+        whole: bool = False,
     ) -> Iterator[Event]:
         """Append ``tokens`` in chunks, evicting before the cache would overflow.
 
         ``logits``: keep the last token's logits (to generate after); ``every``:
         logits for every token (teacher forcing). ``observe`` (the question) is the
         observation window at each eviction when the session is question-aware.
+        ``whole``: ``tokens`` end with ``observe``; where they fit without room for it,
+        none is kept (an eviction if a pool shrinks the share first makes its own).
         """
         self.settle()
         window = list(observe) if self.question_aware else []
         reserve, total, done = len(window), len(tokens), 0
+        if whole and self.cache.n_used + total <= self.sizing.limits(0)[0]:
+            reserve = 0
         self.planned = max(self.planned, self.cache.next_id + total)  # decides ``auto``
         limit, target = self.sizing.limits(reserve)
         fits = self.cache.n_used + total <= limit

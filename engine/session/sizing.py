@@ -64,6 +64,14 @@ class OwnContext:
         cells to the end: it is then read without evicting anything."""
         return n_tokens <= self.capacity
 
+    def reads_at_once(self, n_read: int, n_tokens: int, ctx: SequenceContext) -> bool:
+        """Whether a prompt of ``n_read`` tokens (``n_tokens`` with its answer) fits the
+        cells held now in one decode of ``ctx``: a job ``keeps`` may not vouch for (a
+        pool may shrink its share later) is then still read in one decode, not its
+        text and then its question (a round less in a pool; one ubatch, not a small
+        one after)."""
+        return n_tokens <= self.capacity and n_read <= ctx.n_batch
+
     @property
     def n_ctx_max(self) -> int:
         """Cells this session may ever hold (the question's scratch included)."""

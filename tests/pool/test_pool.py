@@ -202,6 +202,32 @@ def test_each_sequence_cell_map_matches_llama_cpp(engine, monkeypatch, layout):
         assert min(cells_b) < max(cells_a) and min(cells_a) < max(cells_b)
 
 
+def test_a_prompt_its_share_holds_is_one_decode_though_the_share_may_shrink(engine, monkeypatch):
+    """A job longer than ``MIN_SHARE`` may see its share shrink when others come, so
+    ``keeps`` does not vouch for it; where its share holds the prompt now and one
+    decode holds it, the prompt is still one decode, not its text and then its
+    question a round later, and the answer is the one found alone."""
+    steps: list[int] = []
+    submit = Scheduler.submit
+
+    def counted(self, seq, cancel, tokens, *args, **kwargs):
+        steps.append(len(tokens))
+        return submit(self, seq, cancel, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "submit", counted)
+    doc = _doc(44, KEYS[1], 3)
+    n = _n_tokens(engine.model, doc, 10)
+    assert MIN_SHARE < n <= 512, n  # over the floor, inside the budget and a batch
+    alone = _answers_alone(engine, "snapkv", [doc])
+    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS)
+    with pool, pool.open(make_policy("snapkv"), SessionConfig(512), n) as s:
+        assert not s.reader.sizing.keeps(n)
+        text = s.collect(s.ask(doc, Q, answer_prefix=PREFIX, max_tokens=10)).text
+        assert s.stats.evicted_tokens == 0
+    assert steps[0] >= n - 10 and set(steps[1:]) == {1}, steps  # the prompt, then answer tokens
+    assert str(KEYS[1]) in alone[0] and str(KEYS[1]) in text, (alone, text)
+
+
 def test_shares_by_length_and_even(engine):
     model = engine.model
     stream = make_policy("streaming")
