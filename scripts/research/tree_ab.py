@@ -5,6 +5,8 @@ time to the first streamed token and of the latency.
 
     git worktree add /tmp/before HEAD~1
     .venv/bin/python scripts/research/tree_ab.py /tmp/before . --clients 8 --rounds 3
+    .venv/bin/python scripts/research/tree_ab.py /tmp/before . --chars 1750 --max-tokens 4 \\
+        --serve-args "--kv-cells 6144 --kv-layout streams"
 
 Run it alone on the machine (llama.cpp's threads spin while they wait).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -44,9 +47,10 @@ def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, floa
     return first, time.perf_counter() - start
 
 
-def run(root: Path, clients: int, chars: int, out: int, ignore_eos: bool) -> str:
-    """One server start from ``root``: its figures as one line."""
-    server, url = start_server(["--parallel", str(clients)], root)
+def run(root: Path, clients: int, chars: int, out: int, ignore_eos: bool, extra: list[str]) -> str:
+    """One server start from ``root`` (``extra``: more serve options): its figures as
+    one line."""
+    server, url = start_server(["--parallel", str(clients), *extra], root)
     try:
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(19)]
         with ThreadPoolExecutor(clients) as pool:
@@ -71,10 +75,18 @@ def main() -> None:
     p.add_argument("--chars", type=int, default=700, help="prompt characters (700: ~160 tokens)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--serve-args", default="", help="more kvtrim serve options, one string")
     args = p.parse_args()
     for r in range(args.rounds):
         for tree in args.trees:
-            line = run(tree.resolve(), args.clients, args.chars, args.max_tokens, args.ignore_eos)
+            line = run(
+                tree.resolve(),
+                args.clients,
+                args.chars,
+                args.max_tokens,
+                args.ignore_eos,
+                shlex.split(args.serve_args),
+            )
             print(f"round {r} [{tree}]: {line}", flush=True)
 
 
