@@ -54,7 +54,7 @@ class Reader:
         self.settings = settings
         self.max_position = config.max_position or model.info.n_ctx_train
         self.cache = KVCache(ctx, track_cells=self.reads_attention)
-        self.stats = self.new_stats()
+        self.stats = _new_stats(self)
         self.trace = TokenTrace(model_piece(self.model))
         self.logits: np.ndarray | None = None  # what the last token predicts
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
@@ -73,7 +73,7 @@ class Reader:
         self.cache = KVCache(self.ctx, track_cells=self.reads_attention)
         self.pending = None
         self.policy.reset()
-        self.stats = self.new_stats()
+        self.stats = _new_stats(self)
         self.trace = TokenTrace(model_piece(self.model))
         self.logits = None
         self.planned = 0
@@ -140,7 +140,7 @@ class Reader:
         self.cache.drop_scratch()
         self.cache.drop_tail(first_id)
         self.logits = None
-        self.stats = self.new_stats()  # the next request's own figures
+        self.stats = _new_stats(self)  # the next request's own figures
         self.sync_stats()
 
     @property
@@ -308,18 +308,6 @@ class Reader:
 
     # -- figures ----------------------------------------------------------
 
-    def new_stats(self) -> KVStats:
-        return KVStats(
-            policy=self.policy.name,
-            budget_tokens=self.sizing.budget,
-            n_ctx=self.ctx.n_ctx,
-            kv_bytes_per_cell=self.kv_layout.cell_bytes,
-            kv_bytes_per_cell_swa=self.kv_layout.swa_cell_bytes,
-            n_swa=self.kv_layout.n_swa,
-            swa_cells=self.ctx.swa_cells,
-            kv_type=self.kv_type,
-        )
-
     def sync_stats(self) -> None:
         """Copy the cache's counts into ``stats`` (a pool publishes them)."""
         s = self.stats
@@ -331,6 +319,20 @@ class Reader:
         s.n_ctx = self.ctx.n_ctx
         s.swa_cells = self.ctx.swa_cells
         self.sizing.report(s)
+
+
+def _new_stats(reader: Reader) -> KVStats:
+    """Fresh figures for ``reader``'s next job."""
+    return KVStats(
+        policy=reader.policy.name,
+        budget_tokens=reader.sizing.budget,
+        n_ctx=reader.ctx.n_ctx,
+        kv_bytes_per_cell=reader.kv_layout.cell_bytes,
+        kv_bytes_per_cell_swa=reader.kv_layout.swa_cell_bytes,
+        n_swa=reader.kv_layout.n_swa,
+        swa_cells=reader.ctx.swa_cells,
+        kv_type=reader.kv_type,
+    )
 
 
 def _no_share(cells: int, reserve: int) -> str:
