@@ -201,6 +201,15 @@ def test_the_servers_settings_per_configuration():
     assert (config, a.ctx, b.budget, b.parallel) == (peer.DEMO, 10240, 1024, 1)
 
 
+def test_kvtrims_pool_holds_as_many_cells_as_llama_servers_slots():
+    """A mix whose slots grow (480-token prompts: -c 8 x 768) gives kvtrim's pool as
+    many cells, not 2,048 (it compressed every request: 0.52x, not the same job)."""
+    serve = dict(peer.configurations(peer.PeerConfig(slot_cells=768), "serve"))
+    for n in (4, 8):
+        a, b = serve[f"{n} clients"]
+        assert (a.ctx, b.kv_cells) == (n * 768, max(2048, n * 768))
+
+
 def test_the_serve_part_with_kvtrims_streams_layout():
     """--peer-kv-layout streams: each kvtrim request its own --kv-cells/N cells, as
     llama-server gives each slot -c/N; one client stays a lone session."""
