@@ -73,6 +73,7 @@ class PeerConfig:
 
     peer: str = PEER
     peer_binary: str = ""
+    peer_build: str = ""  # how it was built and linked (peer_servers.linkage)
     model: str = ""
     chat_template_file: str = ""  # llama-server's, where the model has no chat template
     threads: int = 1

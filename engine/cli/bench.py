@@ -592,7 +592,7 @@ def _peer_run(args: argparse.Namespace, err: TextIO) -> tuple[str, str, int]:
 
 
 def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
-    from ..bench import peer
+    from ..bench import peer, peer_servers
 
     cfg = peer.PeerConfig.quick() if args.quick else peer.PeerConfig()
     if args.parts is not None:
@@ -616,6 +616,7 @@ def _peer_config(args: argparse.Namespace, err: TextIO) -> Any:
     if bad:
         raise ConfigError(f"--clients, --lengths and --rounds must be at least 1, got {bad[0]}")
     cfg.peer_binary, cfg.model, cfg.threads = _peer_run(args, err)
+    cfg.peer_build = peer_servers.linkage(cfg.peer_binary)
     return cfg
 
 

@@ -6,6 +6,7 @@ llama-server's options) and, where it is built, the real llama-server."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -679,6 +680,34 @@ def test_the_command_quick_serve_part_against_a_fake_peer(tmp_path):
         (ps.KVTRIM, True),
     ]
     assert result["config"]["threads"] == THREADS and result["config"]["peer_binary"] == str(fake)
+    assert "linkage unknown" in result["config"]["peer_build"]  # not the build script's
+    assert "linkage unknown" in (out_dir / "peer.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("version", "says"),
+    [
+        ("0.3.36 shared\n", "linked with shared libraries beside it (llama.cpp's default"),
+        ("0.3.36 static\n", "linked statically into one binary"),
+        ("0.3.36\n", "linked statically into one binary"),  # the script before the choice
+        ("0.3.36 lto\n", "linkage unknown"),
+        (None, "linkage unknown"),
+    ],
+)
+def test_the_report_says_how_llama_server_was_linked(tmp_path, version, says):
+    """A static llama-server reads prompts ~4% faster than the shared build that
+    llama.cpp makes by default (issue 37): the report names the one it ran."""
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    if version is not None:
+        (tmp_path / "version").write_text(version)
+    built = ps.linkage(str(binary))
+    assert says in built
+    if version and version.split()[0] == "0.3.36" and "lto" not in version:
+        assert built.startswith("from llama-cpp-python 0.3.36's llama.cpp")
+    cfg = dataclasses.asdict(peer.PeerConfig(peer_binary=str(binary), model="m.gguf"))
+    how = "\n".join(peer_report._notes({"config": {**cfg, "peer_build": built}}))
+    assert f"`{binary}`, built {built}, its defaults" in how
 
 
 LLAMA_METRICS = """\
