@@ -35,7 +35,8 @@ cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=$SHARED \
   -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON >&2
 cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
-rm -f "$OUT"/llama-server "$OUT"/*.so*
+# only what a build of either linkage puts there (OUT may hold other things)
+rm -f "$BIN" "$OUT"/libggml*.so* "$OUT"/libllama*.so* "$OUT"/libmtmd*.so*
 cp "$BUILD/bin/llama-server" "$BIN"
 if [ "$LINK" = shared ]; then
   cp -P "$BUILD"/bin/*.so* "$OUT/"
