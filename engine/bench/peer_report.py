@@ -401,7 +401,7 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "(llama-server first); never both at once. Every figure is the median of "
         f"{cfg['rounds']} round(s).",
         f"- llama-server: `{cfg['peer_binary']}`"
-        + (f", built {cfg['peer_build']}" if cfg.get("peer_build") else "")
+        + (f", {cfg['peer_build']}" if cfg.get("peer_build") else "")
         + ", its defaults but `-np`, `-c`, `-t`, `-tb` "
         "and `-lv 4` (its log then shows the KV caches it allocates). Its defaults include "
         "a prompt cache in RAM (`--cache-ram`, 8 GiB) and context checkpoints (one where "

@@ -34,7 +34,7 @@ STOP_S = 15.0  # seconds between terminate and kill
 
 LINKAGE = {
     "shared": "with shared libraries beside it (llama.cpp's default build, as its releases are)",
-    "static": "statically into one binary (about 4% faster at prompts than the shared "
+    "static": "statically into the binary (about 4% faster at prompts than the shared "
     "build on 2 cores; not llama.cpp's default)",
 }
 
@@ -43,14 +43,16 @@ def linkage(binary: str) -> str:
     """How ``binary`` links llama.cpp, as the build script wrote it beside the binary
     (``version``: "0.3.36 shared"); a binary built elsewhere says so."""
     try:
-        words = (Path(binary).parent / "version").read_text(encoding="utf-8").split()
-    except OSError:
+        with open(Path(binary).parent / "version", "rb") as f:
+            words = f.read(256).decode("utf-8").split()
+    except (OSError, UnicodeDecodeError):
         words = []
-    if len(words) == 2 and words[1] in LINKAGE:
-        return f"from llama-cpp-python {words[0]}'s llama.cpp, linked {LINKAGE[words[1]]}"
-    if len(words) == 1:  # the script before issue 37's linkage choice built it static
-        return f"from llama-cpp-python {words[0]}'s llama.cpp, linked {LINKAGE['static']}"
-    return "built outside scripts/peer/build_llama_server.sh (its linkage unknown)"
+    if words and re.fullmatch(r"\d+\.\d+\.\d+", words[0]):
+        if len(words) == 1:  # the script before issue 37's linkage choice built it static
+            words.append("static")
+        if len(words) == 2 and words[1] in LINKAGE:
+            return f"built from llama-cpp-python {words[0]}'s llama.cpp, linked {LINKAGE[words[1]]}"
+    return "not built by scripts/peer/build_llama_server.sh (its linkage unknown)"
 
 
 # kvtrim's chat format for a model without a chat template (session/prompts.py

@@ -6,7 +6,7 @@
 #   bash scripts/peer/build_llama_server.sh            # -> .variants/llama-server/llama-server
 # Linked as llama.cpp builds by default on Linux and as its release binaries are: shared
 # libraries beside the binary (RPATH $ORIGIN), the linkage of the libllama that
-# llama-cpp-python loads into kvtrim. LINK=static builds one self-contained binary
+# llama-cpp-python loads into kvtrim. LINK=static links llama.cpp into the binary
 # instead, which reads prompts about 4% faster on 2 cores (no position-independent
 # code; docs/history.md, issue 37) but is not what llama.cpp's build gives a user.
 set -euo pipefail
@@ -36,7 +36,7 @@ cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
   -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON >&2
 cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
 # only what a build of either linkage puts there (OUT may hold other things)
-rm -f "$BIN" "$OUT"/libggml*.so* "$OUT"/libllama*.so* "$OUT"/libmtmd*.so*
+rm -f "$OUT/version" "$BIN" "$OUT"/libggml*.so* "$OUT"/libllama*.so* "$OUT"/libmtmd*.so*
 cp "$BUILD/bin/llama-server" "$BIN"
 if [ "$LINK" = shared ]; then
   cp -P "$BUILD"/bin/*.so* "$OUT/"
