@@ -8,7 +8,7 @@
 # libraries beside the binary (RPATH $ORIGIN), the linkage of the libllama that
 # llama-cpp-python loads into kvtrim. LINK=static links llama.cpp into the binary
 # instead, which reads prompts about 4% faster on 2 cores (no position-independent
-# code; docs/history.md, issue 37) but is not what llama.cpp's build gives a user.
+# code; docs/benchmarks/history.md, issue 37) but is not what llama.cpp's build gives a user.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
