@@ -71,6 +71,9 @@ def generate(
     finally:
         stats.decode_s = base + time.perf_counter() - start
         reader.ctx.rest()  # a pool's next batch no longer waits for this sequence
+    # the counts the last token was yielded with miss what came after it: the decode of
+    # that token before an end or a stop was sampled, and the tokens a loop's cut removed
+    reader.sync_stats()
     tail = matcher.flush() + (utf8.decode(b"", final=True) if reason != "stop" else "")
     if tail:
         yield Token(-1, tail, stats)

@@ -11,6 +11,7 @@ from engine import Prompt
 from engine.errors import ConfigError
 from engine.session.generate import _sample_without
 from engine.session.sampling import Sampler, Sampling
+from engine.stats import Done
 
 LOOP = Prompt("", "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", " 1", (), True)
 
@@ -45,3 +46,23 @@ def test_a_loop_runs_to_the_length_and_a_stop_string_still_ends_it(engine):
     assert whole.reason == "length" and whole.stats.generated_tokens == 40
     assert whole.text.startswith(cut.text)
     assert stopped.reason == "stop" and stopped.stats.generated_tokens < 10
+
+
+SENTENCE = "The cat sat on the mat and looked at the door. "
+SAID_AGAIN = Prompt("", SENTENCE * 5, SENTENCE, (), True)
+
+
+def test_the_answer_ends_with_the_counts_of_the_cache_it_leaves(engine):
+    """A loop of a sentence said again is cut from the cache after its last token was
+    yielded: the end's figures are those of the cache it leaves, not of that token."""
+    for sampling in (Sampling(), Sampling(ignore_eos=True)):
+        with engine.session("snapkv", 1024) as s:
+            run = s.run(SAID_AGAIN, max_tokens=60, stops=(), sampling=sampling)
+            seen = [(e, e.stats.cells_used) for e in run]
+            used = s.cache.n_used
+        done, _ = seen[-1]
+        assert isinstance(done, Done)
+        assert done.stats.cells_used == used
+        if not sampling.ignore_eos:
+            assert done.reason == "repetition"  # this model repeats the sentence (greedy)
+            assert used < max(n for _, n in seen[:-1])  # the cut left the cache smaller
