@@ -71,13 +71,20 @@ def generate(
     finally:
         stats.decode_s = base + time.perf_counter() - start
         reader.ctx.rest()  # a pool's next batch no longer waits for this sequence
-    # the counts the last token was yielded with miss what came after it: the decode of
-    # that token before an end or a stop was sampled, and the tokens a loop's cut removed
+    yield from _end(reader, matcher, utf8, reason)
+
+
+def _end(
+    reader: Reader, matcher: StopMatcher, utf8: codecs.IncrementalDecoder, reason: str
+) -> Iterator[Event]:
+    """The answer's held-back text and its ``Done``, with the figures of the cache it
+    leaves: those the last token was yielded with miss the decode of that token before
+    an end or a stop was sampled, and the tokens a loop's cut removed."""
     reader.sync_stats()
     tail = matcher.flush() + (utf8.decode(b"", final=True) if reason != "stop" else "")
     if tail:
-        yield Token(-1, tail, stats)
-    yield Done(matcher.text, reason, stats)
+        yield Token(-1, tail, reader.stats)
+    yield Done(matcher.text, reason, reader.stats)
 
 
 def _sample_without(sample: Sampler, logits: np.ndarray, banned: np.ndarray) -> int:
