@@ -61,6 +61,7 @@ class Slot:
         self.started = time.time()
         self._release = release
         self._out: np.ndarray | None = None
+        self._empty = True  # holds no cells: the pool freed them at the last release
         self._closed = False
 
     @property
@@ -102,6 +103,7 @@ class Slot:
         """Decode ``tokens`` at ``pos0...`` in the next batch (blocks until it ran)."""
         if capture is not None and self.shared.ctx.capture is None:
             raise EngineError("this pool was made without attention capture")
+        self._empty = False
         step = self.scheduler.submit(
             self.seq, self.cancel_event, tokens, pos0, logits, every, capture
         )
@@ -148,7 +150,12 @@ class Slot:
             return ctx.pos_max(self.seq)
 
     def clear(self) -> None:
-        self.seq_rm(0, -1)
+        """Free the sequence's cells; a sequence that decoded nothing yet has none, and
+        does not wait for the decode in flight (a new request's reset would wait a
+        whole prompt's decode, and miss the next batch)."""
+        if not self._empty:
+            self.seq_rm(0, -1)
+            self._empty = True
         self._out = None
 
     def resized(self, n_ctx: int) -> Slot:

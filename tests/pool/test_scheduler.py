@@ -11,10 +11,11 @@ import pytest
 
 from engine.errors import CacheFullError
 from engine.pool import scheduler as sch
+from engine.pool.slot import Slot
 
 
 def _scheduler(held: int) -> sch.Scheduler:
-    ctx = SimpleNamespace(n_batch=512, n_ctx=2048, close=lambda: None)
+    ctx = SimpleNamespace(n_batch=512, n_ubatch=512, n_ctx=2048, close=lambda: None)
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
     return sch.Scheduler(shared, layout="shared", held=lambda: held)
 
@@ -47,7 +48,12 @@ class _RecordingContext:
     """A stand-in for the pool's llama.cpp context: records each batch's sequences."""
 
     def __init__(self) -> None:
-        self.n_batch, self.n_ctx, self.batches = 512, 2048, []
+        self.n_batch, self.n_ubatch, self.n_ctx, self.batches = 512, 512, 2048, []
+        self.n_cells, self.swa_cells, self.n_seq_max, self.capture = 2048, 0, 4, None
+        self.removed: list[tuple[int, int, int]] = []
+
+    def seq_rm(self, p0, p1, seq):
+        self.removed.append((p0, p1, seq))
 
     def decode_batch(self, entries, segments, n_streams=1, *, ubatches=()):
         self.batches.append(sorted({seq for seq, *_ in entries}))
@@ -103,3 +109,25 @@ def test_the_time_decodes_wait_for_python_is_counted():
     s.join()
     assert len(ctx.batches) == 4
     assert 0.15 <= s.owed_s < 0.4, s.owed_s
+
+
+def test_a_new_sequence_empties_itself_without_waiting_for_the_decode_in_flight():
+    """A request's session first empties its sequence (``reset``). One the pool has
+    just given out holds no cells, so that must not wait for the decode running (a
+    wave's first prompt: 0.3 s on 2 cores, and the next round would start without
+    it); a sequence that decoded frees its cells under the context's lock."""
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
+    slot = Slot(shared, s, lambda _: None, 1, 256, label="", want=256, evicts=True)
+    with shared.lock:  # a decode in flight holds the context
+        t = threading.Thread(target=slot.clear)
+        t.start()
+        t.join(2)
+        assert not t.is_alive()
+    assert ctx.removed == []
+    slot.decode([7], 0, logits=True)
+    slot.clear()
+    assert ctx.removed == [(0, -1, 1)]
+    s.stop()
+    s.join()
