@@ -42,13 +42,14 @@ def _context_params(
     kv_unified: bool,
     capture: Capture | None,
     abort_callback: llama_cpp.ggml_abort_callback,
+    n_ubatch: int,
 ) -> llama_cpp.llama_context_params:
     """llama.cpp's context parameters for these settings; the caller keeps
     ``abort_callback`` (and ``capture``'s callback) alive as long as the context."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
-    params.n_ubatch = n_batch
+    params.n_ubatch = n_ubatch
     params.n_seq_max = n_seq_max
     # one pool (a sequence takes only the cells it uses), or one KV stream of
     # n_ctx / n_seq_max cells per sequence (docs/multiseq.md)
@@ -106,10 +107,14 @@ class NativeContext:
         cancel_event: threading.Event | None = None,
         n_seq_max: int = 1,
         kv_unified: bool = True,
+        n_ubatch: int | None = None,
     ) -> None:
         """``swa_full``: sliding-window layers get ``n_ctx`` cells too (else window +
-        batch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
-        (a quantized V needs flash attention)."""
+        ubatch, llama.cpp's default); ``type_k``/``type_v``: ggml types of the cache
+        (a quantized V needs flash attention). ``n_batch``: the most tokens of one
+        ``decode_batch``, which llama.cpp computes in ubatches of ``n_ubatch`` tokens
+        (default: ``n_batch``, one ubatch a decode)."""
+        n_ubatch = min(n_ubatch or n_batch, n_batch)
         one_blas_thread()
         self.model = model
         self.cancel_event = cancel_event or threading.Event()
@@ -124,30 +129,21 @@ class NativeContext:
             "cancel_event": self.cancel_event,
             "n_seq_max": n_seq_max,
             "kv_unified": kv_unified,
+            "n_ubatch": n_ubatch,
         }
         self.n_seq_max = n_seq_max
         self.capture = capture
         self.attention = capture  # the capture a context resized with it gets back
         self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
-        params = _context_params(
-            n_ctx,
-            n_batch,
-            n_threads,
-            flash_attn=flash_attn,
-            swa_full=swa_full,
-            type_k=type_k,
-            type_v=type_v,
-            n_seq_max=n_seq_max,
-            kv_unified=kv_unified,
-            capture=capture,
-            abort_callback=self._abort_cb,
-        )
+        native = {k: v for k, v in self.settings.items() if k != "cancel_event"}
+        params = _context_params(n_ctx, abort_callback=self._abort_cb, **native)  # type: ignore[arg-type]
         self._ctx = _open(model, params, n_ctx)
         self._abort_on = True
         self.n_ctx = self._ctx.n_ctx()
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.kv_unified = kv_unified
         self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self.swa_cells = self._swa_cells(swa_full)
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
@@ -161,8 +157,8 @@ class NativeContext:
         if swa_full:
             return self.n_ctx
         if self.kv_unified:
-            return swa_cells(self.n_ctx, info.n_swa, self.n_batch, self.n_seq_max)
-        return swa_cells(self.n_ctx_seq, info.n_swa, self.n_batch) * self.n_seq_max
+            return swa_cells(self.n_ctx, info.n_swa, self.n_ubatch, self.n_seq_max)
+        return swa_cells(self.n_ctx_seq, info.n_swa, self.n_ubatch) * self.n_seq_max
 
     def decode(
         self,

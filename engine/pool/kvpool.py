@@ -40,6 +40,7 @@ from .slot import Slot
 __all__ = ["LAYOUTS", "MIN_SHARE", "QUESTION_ROOM", "SHARES", "SLACK", "KVPool", "Slot"]
 
 ADMIT_POLL_S = 0.05  # seconds between looks at a waiting request's cancel
+ROUND_TOKENS = 2048  # the most tokens of one pooled llama_decode: llama-server's n_batch
 
 
 def _context(
@@ -55,12 +56,15 @@ def _context(
 ) -> NativeContext:
     """The pool's context: ``cells`` cells in one pool (``shared``), or one stream
     per sequence of ``cells / max_seqs`` (a multiple of 256, as llama.cpp rounds a
-    stream), whatever the others use (``streams``)."""
+    stream), whatever the others use (``streams``). A round of up to
+    ``ROUND_TOKENS`` is one ``llama_decode``, computed in ubatches of ``n_batch`` (a
+    sequence's step is at most one)."""
     per_stream = max(256, cells // max_seqs // 256 * 256)
     return NativeContext(
         model,
         n_ctx=pad(cells) if layout == "shared" else per_stream * max_seqs,
-        n_batch=n_batch,
+        n_batch=max(ROUND_TOKENS, n_batch),
+        n_ubatch=n_batch,
         n_threads=n_threads,
         capture=capture,
         flash_attn=cache.flash_attn,
@@ -92,7 +96,8 @@ class KVPool:
         layout: str = "shared",
     ) -> None:
         """``cells``: the global KV budget (rounded up to 256 by llama.cpp);
-        ``needs``: what its sequences' policies read (``policies.needs_of``)."""
+        ``needs``: what its sequences' policies read (``policies.needs_of``);
+        ``n_batch``: the most tokens of one sequence's step (llama.cpp's ubatch)."""
         check_settings(cells, max_seqs, share, layout)
         capture = needs.capture(model.info)
         info = model.info

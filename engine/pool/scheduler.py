@@ -12,7 +12,10 @@ sequences a batch answered are owed back (each samples its token, or evicts,
 under the CPU lock that no decode runs beside, then asks again), and the next
 batch waits until every one of them has asked again or left (closed, parked, or
 stopped reading: ``forget``), so a batch is as large as the running sequences make
-it, as llama-server's is. One bound keeps a sequence that stalls outside kvtrim (a
+it, as llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
+llama-server's default), which llama.cpp computes in ubatches of ``n_ubatch`` (a
+step's most), so a wave of prompts that arrive together is read in one decode and
+their answers stay in step. One bound keeps a sequence that stalls outside kvtrim (a
 library caller that stops iterating) from holding the others for ever:
 ``OWED_LIMIT_S``, a liveness guard, not a scheduling rule. It knows sequences by
 id only: what they hold comes from the pool (``held``), never from their sessions.
@@ -96,6 +99,35 @@ class _Step:
 
     def waiting(self) -> Waiting:
         return Waiting(self.seq, len(self.tokens), self.order, self.skipped)
+
+
+def shared_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
+    """One shared pool: the ubatches llama.cpp splits a round of ``steps`` (in batch
+    order) into, ``n_ubatch`` consecutive rows each (``split_simple``), each with a
+    segment of every step that captures and has rows in it; a step's rows may span
+    two (its last ``rows`` rows are kept wherever they fall). None where no step
+    captures."""
+    if all(s.capture is None for s in steps):
+        return []
+    spans, a = [], 0
+    for s in steps:
+        spans.append((a, a + len(s.tokens)))
+        a += len(s.tokens)
+    owners = [s for s in steps if s.capture is not None]
+    out = []
+    for u0 in range(0, a, n_ubatch):
+        u1 = min(a, u0 + n_ubatch)
+        segments = []
+        for s, (b, e) in zip(steps, spans, strict=True):
+            c = s.capture
+            lo, hi = max(b, u0), min(e, u1)
+            if c is None or lo >= hi:
+                continue
+            kept = max(0, hi - max(lo, e - c.rows))
+            seg = Segment(lo - u0, hi - u0, kept, c.visibility, keys=c.keys, owner=owners.index(s))
+            segments.append(seg)
+        out.append(Ubatch(u1 - u0, 1, tuple(segments)))
+    return out
 
 
 def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
@@ -282,7 +314,11 @@ class Scheduler:
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
         free = ctx.n_ctx - self.held() if self.layout == "shared" else None
-        chosen = plan([s.waiting() for s in pending], Room(ctx.n_batch, free))
+        # a round of several steps is one decode of up to n_batch tokens (llama.cpp
+        # computes it in ubatches); one whose rows all want logits (n_vocab floats
+        # each) is at most a ubatch, as a step alone
+        room = Room(ctx.n_ubatch if any(s.every for s in pending) else ctx.n_batch, free)
+        chosen = plan([s.waiting() for s in pending], room)
         by_seq = {s.seq: s for s in pending}
         for w in chosen.left:
             by_seq[w.seq].skipped = w.skipped
@@ -299,9 +335,9 @@ class Scheduler:
 
     def _in_batch_order(self, steps: list[_Step]) -> list[_Step]:
         """The round's steps in batch order: one ``llama_decode`` for all of them, as
-        llama-server's rounds are. Shared pool: as chosen (llama.cpp's
-        ``split_simple`` keeps it one ubatch). One stream per sequence: by sequence
-        id, which llama.cpp splits into ubatches of equal slices of runs of
+        llama-server's rounds are. Shared pool: as chosen (llama.cpp's ``split_simple``
+        cuts it into ubatches of consecutive rows). One stream per sequence: by
+        sequence id, which llama.cpp splits into ubatches of equal slices of runs of
         consecutive ids (native/ubatch.py: every sequence's first token together, a
         prompt's rest after), and the capture follows those ubatches."""
         if self.layout == "shared":
@@ -322,8 +358,13 @@ class Scheduler:
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
         entries, segments, starts = self._batch(steps)
-        streams = self.layout != "shared"
-        ubatches = stream_ubatches(steps, self.shared.ctx.n_batch) if streams else []
+        n_ubatch = self.shared.ctx.n_ubatch
+        if self.layout != "shared":
+            ubatches = stream_ubatches(steps, n_ubatch)
+        elif len(entries) > n_ubatch:
+            ubatches, segments = shared_ubatches(steps, n_ubatch), []
+        else:
+            ubatches = []
         n_captured = sum(s.capture is not None for s in steps)
         t0 = time.perf_counter()
         try:
@@ -344,7 +385,7 @@ class Scheduler:
         self, steps: list[_Step]
     ) -> tuple[list[tuple[int, int, int, bool]], list[Segment], list[int]]:
         """The batch's ``(seq, token, pos, logits)`` entries, the attention segments
-        to capture in the shared pool's one ubatch, and where each step's tokens
+        to capture where the shared pool's round is one ubatch, and where each step's tokens
         start in the batch."""
         entries: list[tuple[int, int, int, bool]] = []
         segments: list[Segment] = []

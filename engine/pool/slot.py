@@ -52,7 +52,7 @@ class Slot:
         self.evicts = evicts
         self.least = 0  # cells its session needs to read on (set as it reads)
         self.n_cells = ctx.n_cells
-        self.n_batch = ctx.n_batch
+        self.n_batch = ctx.n_ubatch  # a step's most tokens: one ubatch (a round holds more)
         self.swa_cells = ctx.swa_cells // ctx.n_seq_max
         self.label = label
         self._kept = False

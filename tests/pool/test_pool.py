@@ -105,6 +105,35 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     assert snap["steps"] == len(rounds) and max(rounds) == 3  # one call a round
 
 
+def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, monkeypatch):
+    """A round is one ``llama_decode`` of up to ``ROUND_TOKENS``, which llama.cpp
+    computes in ubatches of a step's most (here 64): the prompt chunks of three
+    sequences go together, SnapKV's capture follows each step across the ubatch
+    boundaries, and each sequence finds its needle as it does alone."""
+    tokens: list[int] = []
+    run = Scheduler._run
+
+    def counted(self, steps):
+        tokens.append(sum(len(s.tokens) for s in steps))
+        return run(self, steps)
+
+    monkeypatch.setattr(Scheduler, "_run", counted)
+    docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
+    alone = _answers_alone(engine, "snapkv", docs)
+    together: list[str] = [""] * 3
+    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS, n_batch=64)
+
+    def job(i: int) -> None:
+        n = _n_tokens(engine.model, docs[i], 10)
+        with pool.open(make_policy("snapkv"), SessionConfig(512), n) as s:
+            together[i] = s.collect(s.ask(docs[i], Q, answer_prefix=PREFIX, max_tokens=10)).text
+
+    run_together(job, range(3), pool)
+    assert max(tokens) > 64, tokens  # some round held several ubatches
+    for key, one, many in zip(KEYS, alone, together, strict=True):
+        assert str(key) in one and str(key) in many, (key, one, many)
+
+
 def test_streams_decode_a_round_in_one_call_where_nothing_is_captured(engine, monkeypatch):
     """One KV stream per sequence and a policy that reads no attention: each round of
     the scheduler is one ``llama_decode`` (llama.cpp splits it into ubatches), as
