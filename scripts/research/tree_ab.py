@@ -1,10 +1,11 @@
 """Two source trees' ``kvtrim serve`` (a commit and its parent, as git worktrees),
-alternating in one run: N streaming clients send 16 distinct ~160-token completions,
-after a 3-request warm-up; each server start prints requests/s and the p50 of the
-time to the first streamed token and of the latency.
+alternating in one run: N clients (streaming, or ``--plain``) send 16 distinct
+~160-token completions, after a 3-request warm-up; each server start prints
+requests/s and the p50 of the time to the first streamed token and of the latency.
 
     git worktree add /tmp/before HEAD~1
     .venv/bin/python scripts/research/tree_ab.py /tmp/before . --clients 8 --rounds 3
+    .venv/bin/python scripts/research/tree_ab.py /tmp/before . --clients 8 --rounds 6 --plain
     .venv/bin/python scripts/research/tree_ab.py /tmp/before . --chars 1750 --max-tokens 4 \\
         --serve-args "--kv-cells 6144 --kv-layout streams"
 
@@ -31,10 +32,13 @@ from pool_ab import start_server  # noqa: E402
 
 from engine.bench.texts import window  # noqa: E402
 
+PLAIN = False  # --plain: whole answers (requests/s only)
+
 
 def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, float]:
-    """One streamed request: seconds to its first text, and to its end."""
-    body = {"prompt": prompt, "max_tokens": out, "temperature": 0, "stream": True}
+    """One streamed request: seconds to its first text, and to its end (``PLAIN``:
+    one answer, no first text: NaN)."""
+    body = {"prompt": prompt, "max_tokens": out, "temperature": 0, "stream": not PLAIN}
     if ignore_eos:
         body["ignore_eos"] = True
     start, first = time.perf_counter(), float("nan")
@@ -76,7 +80,10 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--serve-args", default="", help="more kvtrim serve options, one string")
+    p.add_argument("--plain", action="store_true", help="whole answers, not streamed")
     args = p.parse_args()
+    global PLAIN
+    PLAIN = args.plain
     for r in range(args.rounds):
         for tree in args.trees:
             line = run(
