@@ -1,0 +1,105 @@
+"""What a pooled round costs in llama.cpp alone, by context and batch shape,
+alternating in one process (no server, no scheduler):
+
+- ``wave``: 8 prompts of 169 tokens read into an empty context: the pool's rounds
+  of at most 512 tokens, one decode of n_batch 2,048 over ubatches of 512 (the
+  pool since issue 37's rounds), and llama-server's (a stream per sequence, one
+  decode of n_batch 2,048 over ubatches of 512);
+- ``steps``: steps of 8 answer tokens, 8 sequences of ~170 cells, with the eval
+  callback set and each step's visibility read (a pooled step's cell map), set
+  and idle, none, and a stream per sequence with none.
+
+    .venv/bin/python scripts/research/round_costs.py --rounds 7
+
+Milliseconds, median and min over the rounds after the first. Run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from engine.bench.texts import window  # noqa: E402
+from engine.native import context as native  # noqa: E402
+from engine.native.capture import Segment  # noqa: E402
+from engine.native.context import NativeContext  # noqa: E402
+from engine.native.model import Model  # noqa: E402
+from engine.policies import needs_of  # noqa: E402
+
+SEQS, PROMPT = 8, 169  # sequences, prompt tokens each
+
+
+def _context(model: Model, unified: bool, n_batch: int, capture: object = None) -> NativeContext:
+    return NativeContext(model, n_ctx=2048, n_batch=n_batch, n_ubatch=512, n_threads=2,
+                         capture=capture, n_seq_max=SEQS, kv_unified=unified)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _wave(ctx: NativeContext, prompts: list[list[int]], cut: int) -> float:
+    """Seconds to read every prompt into an empty context, in decodes of ``cut``."""
+    for s in range(SEQS):
+        ctx.seq_rm(0, -1, s)
+    entries = [(s, t, i, i == PROMPT - 1) for s in range(SEQS) for i, t in enumerate(prompts[s])]
+    start = time.perf_counter()
+    for a in range(0, len(entries), cut):
+        ctx.decode_batch(entries[a : a + cut])
+    return time.perf_counter() - start
+
+
+def _steps(ctx: NativeContext, armed: bool, n: int = 8) -> float:
+    """Seconds a step of one answer token per sequence (and its logits read), after
+    the prompts; ``armed``: each step reads the cells its rows see."""
+    for s in range(SEQS):
+        ctx.seq_rm(PROMPT, -1, s)
+    start = time.perf_counter()
+    for k in range(n):
+        entries = [(s, 100, PROMPT + k, True) for s in range(SEQS)]
+        segments = [Segment(s, s + 1, 0, True) for s in range(SEQS)] if armed else []
+        ctx.decode_batch(entries, segments)
+        for s in range(SEQS):
+            ctx.logits_at(s)
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    native.ABORT_FROM_TOKENS = 10**9  # no abort callback: the same in every variant
+    model = Model()
+    capture = needs_of().capture(model.info)
+    texts = [window(i * 1500 + 11, 1400) for i in range(40)]
+    prompts = [model.tokenize(t, add_bos=True)[:PROMPT] for t in texts]
+    waves = {
+        "wave: shared, decodes of 512": (_context(model, True, 512), 512),
+        "wave: shared, one decode": (_context(model, True, 2048), 2048),
+        "wave: streams, one decode (llama-server)": (_context(model, False, 2048), 2048),
+    }
+    steps = {
+        "steps: shared, callback, visibility read": (_context(model, True, 2048, capture), True),
+        "steps: shared, callback idle": (_context(model, True, 2048, capture), False),
+        "steps: shared, no callback": (_context(model, True, 2048), False),
+        "steps: streams, no callback": (_context(model, False, 2048), False),
+    }
+    times: dict[str, list[float]] = {name: [] for name in [*waves, *steps]}
+    for r in range(args.rounds):
+        some = [prompts[(3 * r + s) % len(prompts)] for s in range(SEQS)]
+        for name, (ctx, cut) in waves.items():
+            times[name].append(_wave(ctx, some, cut))
+        for name, (ctx, armed) in steps.items():
+            _wave(ctx, some, 2048)
+            times[name].append(_steps(ctx, armed))
+    for name, ts in times.items():
+        kept = ts[1:] or ts
+        mid = statistics.median(kept)
+        per = f" ({mid / (SEQS * PROMPT) * 1e3:.3f} ms a token)" if name.startswith("wave") else ""
+        print(f"{name:44s} median {mid * 1e3:7.1f} ms, min {min(kept) * 1e3:7.1f}{per}")
+
+
+if __name__ == "__main__":
+    main()
