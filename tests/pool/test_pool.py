@@ -108,8 +108,9 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
 def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, monkeypatch):
     """A round is one ``llama_decode`` of up to ``ROUND_TOKENS``, which llama.cpp
     computes in ubatches of a step's most (here 64): the prompt chunks of three
-    sequences go together, SnapKV's capture follows each step across the ubatch
-    boundaries, and each sequence finds its needle as it does alone."""
+    sequences whose jobs fit go together, the capture of the cells each row sees
+    follows each step across the ubatch boundaries, and each sequence finds its
+    needle as it does alone."""
     tokens: list[int] = []
     run = Scheduler._run
 
@@ -118,10 +119,10 @@ def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, 
         return run(self, steps)
 
     monkeypatch.setattr(Scheduler, "_run", counted)
-    docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
+    docs = [_doc(40, KEYS[0], 1), _doc(30, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = _answers_alone(engine, "snapkv", docs)
     together: list[str] = [""] * 3
-    pool = KVPool(engine.model, cells=1536, max_seqs=3, n_threads=THREADS, n_batch=64)
+    pool = KVPool(engine.model, cells=3072, max_seqs=3, n_threads=THREADS, n_batch=64)
 
     def job(i: int) -> None:
         n = _n_tokens(engine.model, docs[i], 10)
