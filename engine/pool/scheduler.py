@@ -314,11 +314,9 @@ class Scheduler:
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
         free = ctx.n_ctx - self.held() if self.layout == "shared" else None
-        # a round of several steps is one decode of up to n_batch tokens (llama.cpp
-        # computes it in ubatches); while a step wants every row's logits (n_vocab
-        # floats each) or attention rows (a read that evicts), a round is at most a
-        # ubatch: rounds of several such chunks left the later decodes of 4 parallel
-        # 9K-token documents 20-35% slower (history.md, issue 37; cause not found)
+        # a round is one decode of up to n_batch tokens, in ubatches; one ubatch while a
+        # step wants every row's logits or attention rows (an evicting read: larger
+        # rounds slowed 4 parallel 9K-token reads by 20%+, history.md, issue 37)
         one = any(s.every or (s.capture is not None and s.capture.rows) for s in pending)
         room = Room(ctx.n_ubatch if one else ctx.n_batch, free)
         chosen = plan([s.waiting() for s in pending], room)
