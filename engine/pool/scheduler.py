@@ -101,6 +101,17 @@ class _Step:
         return Waiting(self.seq, len(self.tokens), self.order, self.skipped)
 
 
+def _owners(steps: Sequence[_Step]) -> dict[int, int]:
+    """Each capturing step's result index (``Segment.owner``), by sequence."""
+    return {s.seq: k for k, s in enumerate(s for s in steps if s.capture is not None)}
+
+
+def _kept(first: int, count: int, n: int, rows: int) -> int:
+    """How many of a step's last ``rows`` (of ``n``) are among its rows ``first`` to
+    ``first + count``: those a ubatch holding that part of it keeps."""
+    return max(0, min(count, first + count - (n - min(rows, n))))
+
+
 def shared_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
     """One shared pool: the ubatches llama.cpp splits a round of ``steps`` (in batch
     order) into, ``n_ubatch`` consecutive rows each (``split_simple``), each with a
@@ -113,7 +124,7 @@ def shared_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
     for s in steps:
         spans.append((a, a + len(s.tokens)))
         a += len(s.tokens)
-    owners = [s for s in steps if s.capture is not None]
+    owner = _owners(steps)
     out = []
     for u0 in range(0, a, n_ubatch):
         u1 = min(a, u0 + n_ubatch)
@@ -123,8 +134,8 @@ def shared_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
             lo, hi = max(b, u0), min(e, u1)
             if c is None or lo >= hi:
                 continue
-            kept = max(0, hi - max(lo, e - c.rows))
-            seg = Segment(lo - u0, hi - u0, kept, c.visibility, keys=c.keys, owner=owners.index(s))
+            kept = _kept(lo - b, hi - lo, e - b, c.rows)
+            seg = Segment(lo - u0, hi - u0, kept, c.visibility, keys=c.keys, owner=owner[s.seq])
             segments.append(seg)
         out.append(Ubatch(u1 - u0, 1, tuple(segments)))
     return out
@@ -138,7 +149,7 @@ def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
     if all(s.capture is None for s in steps):
         return []
     by_seq = {s.seq: s for s in steps}
-    owner = {s.seq: k for k, s in enumerate(s for s in steps if s.capture is not None)}
+    owner = _owners(steps)
     out = []
     for slices in split_equal([(s.seq, len(s.tokens)) for s in steps], n_ubatch):
         segments = []
@@ -146,7 +157,7 @@ def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
             c, n = by_seq[sl.seq].capture, len(by_seq[sl.seq].tokens)
             if c is None:
                 continue
-            kept = max(0, min(sl.count, sl.first + sl.count - (n - min(c.rows, n))))
+            kept = _kept(sl.first, sl.count, n, c.rows)
             segments.append(
                 Segment(0, sl.count, kept, c.visibility, sl.stream, c.keys, owner[sl.seq])
             )
