@@ -89,6 +89,29 @@ def serve_medians(result: dict[str, Any]) -> dict[tuple[int, bool, str], dict[st
     return out
 
 
+def serve_round_ratios(result: dict[str, Any]) -> dict[tuple[int, bool], list[float]]:
+    """Per (clients, streaming): kvtrim's requests/s over llama-server's in each round
+    both ran (a round runs them one after the other: the pairs share the machine's
+    state of that minute, which the medians over rounds do not show)."""
+    rps: dict[tuple[int, bool, int], dict[str, float]] = defaultdict(dict)
+    for r in part(result, "serve"):
+        rps[(r["clients"], r["stream"], r.get("round", 0))][r["server"]] = r["requests_per_s"]
+    out: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    for (clients, stream, _), by in sorted(rps.items()):
+        ratio = _ratio(by.get(KVTRIM), by.get(PEER))
+        if ratio is not None:
+            out[(clients, stream)].append(ratio)
+    return dict(out)
+
+
+def _spread(ratios: list[float]) -> str:
+    """The per-round ratios as ``min-max (k/n at SERVE_RATIO or more)``."""
+    if not ratios:
+        return "n/a"
+    won = sum(r >= SERVE_RATIO for r in ratios)
+    return f"{min(ratios):.2f}-{max(ratios):.2f} ({won}/{len(ratios)})"
+
+
 def _same_text(a: list[str], b: list[str]) -> str:
     return f"{sum(x == y for x, y in zip(a, b, strict=False))}/{len(a)}"
 
@@ -120,11 +143,13 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
         ),
         "",
         "| clients | mode | llama-server req/s | kvtrim req/s | kvtrim / llama | "
-        "p50 latency (s) llama / kvtrim | TTFT p50 (s) llama / kvtrim | "
+        f"per round: range (rounds >= {SERVE_RATIO:.1f}x) | p50 latency (s) llama / kvtrim | "
+        "TTFT p50 (s) llama / kvtrim | "
         "tokens generated llama / kvtrim | llama_decode calls llama / kvtrim | "
         "tokens per call llama / kvtrim | same text |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
+    rounds = serve_round_ratios(result)
     for clients, stream in sorted({(c, s) for c, s, _ in med}):
         a, b = med.get((clients, stream, PEER)), med.get((clients, stream, KVTRIM))
         if not (a and b):
@@ -133,6 +158,7 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {clients} | {'streaming' if stream else 'plain'} | "
             f"{_num(a['requests_per_s'])} | {_num(b['requests_per_s'])} | {_num(ratio)}x | "
+            f"{_spread(rounds.get((clients, stream), []))} | "
             f"{_num(a['latency_p50_s'])} / {_num(b['latency_p50_s'])} | "
             f"{_num(a['ttft_p50_s'], '.3f')} / {_num(b['ttft_p50_s'], '.3f')} | "
             f"{_num(a['completion_tokens'], '.1f')} / {_num(b['completion_tokens'], '.1f')} | "
@@ -146,6 +172,7 @@ def _serve_table(result: dict[str, Any]) -> list[str]:
 def _serve_targets(result: dict[str, Any]) -> list[Target]:
     """kvtrim's requests/s at the fewest and the most clients, plain and streaming."""
     med = serve_medians(result)
+    rounds = serve_round_ratios(result)
     counts = sorted({c for c, _, _ in med})
     out: list[Target] = []
     for clients in sorted({counts[0], counts[-1]}) if counts else []:
@@ -160,7 +187,7 @@ def _serve_targets(result: dict[str, Any]) -> list[Target]:
                     f"serve, {clients} client{'s' * (clients > 1)}, {mode}: kvtrim req/s >= "
                     f"{SERVE_RATIO:.1f}x llama-server's",
                     f"{_num(b['requests_per_s'])} vs {_num(a['requests_per_s'])} req/s "
-                    f"({_num(ratio)}x)",
+                    f"({_num(ratio)}x; per round {_spread(rounds.get((clients, stream), []))})",
                     ratio is not None and ratio >= SERVE_RATIO,
                 )
             )
@@ -399,7 +426,9 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "GPU layers (`-ngl`, `--gpu-layers`); each server its own process, "
         "started for each configuration and round and stopped before the other starts "
         "(llama-server first); never both at once. Every figure is the median of "
-        f"{cfg['rounds']} round(s).",
+        f"{cfg['rounds']} round(s); the serve table's per-round column is kvtrim's "
+        "requests/s over llama-server's within each round (the two runs of a round are "
+        "minutes apart, the rounds further: the spread is the machine's noise).",
         f"- llama-server: `{cfg['peer_binary']}`"
         + (f", {cfg['peer_build']}" if cfg.get("peer_build") else "")
         + ", its defaults but `-np`, `-c`, `-t`, `-tb` "

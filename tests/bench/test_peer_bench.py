@@ -767,3 +767,20 @@ def test_ignore_eos_goes_to_both_servers_as_their_field():
     assert sent[0]["extra_body"] == {"ignore_eos": True} and "extra_body" not in sent[1]
     assert "ignore_eos" in peer_report._sampling_line(0.0, True)
     assert "ignore_eos" not in peer_report._sampling_line(0.0)
+
+
+def test_each_rounds_ratio_pairs_the_servers_of_that_round(tmp_path):
+    """The per-round ratios pair kvtrim's and llama-server's runs of one round; the
+    table and the targets show their range and how many reached the target."""
+    records = [
+        *(_serve(ps.PEER, 8, False, v, r) for r, v in enumerate((2.0, 2.5, 2.0))),
+        *(_serve(ps.KVTRIM, 8, False, v, r) for r, v in enumerate((2.1, 2.0, 1.9))),
+        _serve(ps.PEER, 8, True, 2.0, 0),  # no kvtrim run in this round: no ratio
+    ]
+    result = _result(records)
+    ratios = peer_report.serve_round_ratios(result)
+    assert ratios == {(8, False): pytest.approx([1.05, 0.8, 0.95])}
+    md = peer_report.markdown(result, peer_report.plot(result, tmp_path))
+    assert "| 8 | plain | 2.00 | 2.00 | 1.00x | 0.80-1.05 (1/3) |" in md
+    ((_, measured, ok),) = [t for t in peer_report.targets(result) if t[0].startswith("serve")]
+    assert ok and measured.endswith("(1.00x; per round 0.80-1.05 (1/3))")
