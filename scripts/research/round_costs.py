@@ -5,6 +5,9 @@ alternating in one process (no server, no scheduler):
   of at most 512 tokens, one decode of n_batch 2,048 over ubatches of 512 (the
   pool since issue 37's rounds), and llama-server's (a stream per sequence, one
   decode of n_batch 2,048 over ubatches of 512);
+- ``wave, one prompt a round``: the same 8 prompts, each read in a round of its
+  own beside one answer token of every sequence already answering (what a wave
+  becomes once its answers end at different times, issue 37);
 - ``steps``: steps of 8 answer tokens, 8 sequences of ~170 cells, with the eval
   callback set and each step's visibility read (a pooled step's cell map), set
   and idle, none, and a stream per sequence with none.
@@ -33,6 +36,8 @@ from engine.native.model import Model  # noqa: E402
 from engine.policies import needs_of  # noqa: E402
 
 SEQS, PROMPT = 8, 169  # sequences, prompt tokens each
+ONE = "wave: shared, one decode"
+FRAGMENTED = "wave: shared, one prompt a round"
 
 
 def _context(model: Model, unified: bool, n_batch: int, capture: object = None) -> NativeContext:
@@ -48,6 +53,21 @@ def _wave(ctx: NativeContext, prompts: list[list[int]], cut: int) -> float:
     start = time.perf_counter()
     for a in range(0, len(entries), cut):
         ctx.decode_batch(entries[a : a + cut])
+    return time.perf_counter() - start
+
+
+def _one_a_round(ctx: NativeContext, prompts: list[list[int]]) -> float:
+    """Seconds to read the prompts one a round, each round also decoding one answer
+    token of each sequence whose prompt was read before."""
+    for s in range(SEQS):
+        ctx.seq_rm(0, -1, s)
+    pos = [0] * SEQS
+    start = time.perf_counter()
+    for k in range(SEQS):
+        answers = [(s, 100, pos[s], True) for s in range(k)]
+        ctx.decode_batch(answers + [(k, t, i, i == PROMPT - 1) for i, t in enumerate(prompts[k])])
+        pos = [p + 1 if s < k else p for s, p in enumerate(pos)]
+        pos[k] = PROMPT
     return time.perf_counter() - start
 
 
@@ -77,7 +97,7 @@ def main() -> None:
     prompts = [model.tokenize(t, add_bos=True)[:PROMPT] for t in texts]
     waves = {
         "wave: shared, decodes of 512": (_context(model, True, 512), 512),
-        "wave: shared, one decode": (_context(model, True, 2048), 2048),
+        ONE: (_context(model, True, 2048), 2048),
         "wave: streams, one decode (llama-server)": (_context(model, False, 2048), 2048),
     }
     steps = {
@@ -86,11 +106,12 @@ def main() -> None:
         "steps: shared, no callback": (_context(model, True, 2048), False),
         "steps: streams, no callback": (_context(model, False, 2048), False),
     }
-    times: dict[str, list[float]] = {name: [] for name in [*waves, *steps]}
+    times: dict[str, list[float]] = {name: [] for name in [*waves, FRAGMENTED, *steps]}
     for r in range(args.rounds):
         some = [prompts[(3 * r + s) % len(prompts)] for s in range(SEQS)]
         for name, (ctx, cut) in waves.items():
             times[name].append(_wave(ctx, some, cut))
+        times[FRAGMENTED].append(_one_a_round(waves[ONE][0], some))
         for name, (ctx, armed) in steps.items():
             _wave(ctx, some, 2048)
             times[name].append(_steps(ctx, armed))
