@@ -22,6 +22,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -32,15 +33,11 @@ from pool_ab import start_server  # noqa: E402
 
 from engine.bench.texts import window  # noqa: E402
 
-PLAIN = False  # --plain: whole answers (requests/s only)
 
-
-def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, float]:
-    """One streamed request: seconds to its first text, and to its end (``PLAIN``:
-    one answer, no first text: NaN)."""
-    body = {"prompt": prompt, "max_tokens": out, "temperature": 0, "stream": not PLAIN}
-    if ignore_eos:
-        body["ignore_eos"] = True
+def _one(url: str, prompt: str, options: dict[str, Any]) -> tuple[float, float]:
+    """One greedy completion with ``options`` (its length, streaming or not): seconds to
+    its first text (NaN for a whole answer), and to its end."""
+    body = {"prompt": prompt, "temperature": 0, **options}
     start, first = time.perf_counter(), float("nan")
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
         reply.raise_for_status()
@@ -51,16 +48,16 @@ def _one(url: str, prompt: str, out: int, ignore_eos: bool) -> tuple[float, floa
     return first, time.perf_counter() - start
 
 
-def run(root: Path, clients: int, chars: int, out: int, ignore_eos: bool, extra: list[str]) -> str:
-    """One server start from ``root`` (``extra``: more serve options): its figures as
-    one line."""
+def run(root: Path, clients: int, chars: int, options: dict[str, Any], extra: list[str]) -> str:
+    """One server start from ``root`` (``extra``: more serve options), each request with
+    ``options``: its figures as one line."""
     server, url = start_server(["--parallel", str(clients), *extra], root)
     try:
         prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(19)]
         with ThreadPoolExecutor(clients) as pool:
-            list(pool.map(lambda p: _one(url, p, out, ignore_eos), prompts[16:]))  # warm-up
+            list(pool.map(lambda p: _one(url, p, options), prompts[16:]))  # warm-up
             start = time.perf_counter()
-            got = list(pool.map(lambda p: _one(url, p, out, ignore_eos), prompts[:16]))
+            got = list(pool.map(lambda p: _one(url, p, options), prompts[:16]))
             seconds = time.perf_counter() - start
         ttft = statistics.median(g[0] for g in got)
         latency = statistics.median(g[1] for g in got)
@@ -82,16 +79,16 @@ def main() -> None:
     p.add_argument("--serve-args", default="", help="more kvtrim serve options, one string")
     p.add_argument("--plain", action="store_true", help="whole answers, not streamed")
     args = p.parse_args()
-    global PLAIN
-    PLAIN = args.plain
+    options: dict[str, Any] = {"max_tokens": args.max_tokens, "stream": not args.plain}
+    if args.ignore_eos:
+        options["ignore_eos"] = True
     for r in range(args.rounds):
         for tree in args.trees:
             line = run(
                 tree.resolve(),
                 args.clients,
                 args.chars,
-                args.max_tokens,
-                args.ignore_eos,
+                options,
                 shlex.split(args.serve_args),
             )
             print(f"round {r} [{tree}]: {line}", flush=True)
