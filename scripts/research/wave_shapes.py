@@ -22,11 +22,10 @@ import argparse
 import itertools
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.bench import peer_client as pc  # noqa: E402
-from engine.bench.peer_servers import free_port  # noqa: E402
+from engine.bench.peer import PeerConfig, Workload, configurations  # noqa: E402
+from engine.bench.peer_servers import KVTRIM, ServerProcess, kvtrim_argv  # noqa: E402
 
-GEN = 32
-REQUESTS = 16
+PHASE = 16  # requests a round, as the bench's serve part
 
 
 def child(log: str, argv: list[str]) -> int:
@@ -66,32 +65,26 @@ def child(log: str, argv: list[str]) -> int:
     return int(main(["serve", *argv]) or 0)
 
 
-def passages(n: int) -> list[str]:
-    """The bench's serve passages (``peer.Workload``'s offsets), ``n`` of them."""
-    from engine.bench.tasks import real_text
+def workload(cfg: PeerConfig) -> Workload:
+    """The bench's serve passages for ``cfg`` (no prefill documents)."""
     from engine.runtime.engine import Engine
 
-    with Engine() as engine:
-        return [real_text(engine, 160, 3_000 + 5_000 * i) for i in range(n)]
+    with Engine(cfg.model) as engine:
+        return Workload.build(engine, cfg)
 
 
-def start(log: str, clients: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    from engine.native.embedded import default_model_path
+def serve_argv(cfg: PeerConfig, log: str, extra: list[str]) -> Callable[[int], list[str]]:
+    """The bench's ``kvtrim serve`` command line for ``cfg``'s one client count, run by
+    this script's ``child`` (its decodes logged to ``log``), then ``extra``."""
+    ((_, launches),) = configurations(cfg, "serve")
+    (launch,) = [x for x in launches if x.server == KVTRIM]
 
-    port = free_port()
-    argv = ["--model", str(default_model_path()), "--port", str(port), "--threads", "2",
-            "--parallel", str(clients), "--policy", "snapkv", "--budget", "512",
-            "--max-queue", "64", "--kv-cells", str(max(2048, 256 * clients)), *extra]  # fmt: skip
-    cmd = [sys.executable, __file__, "--child", log, "--", *argv]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.1)
-    return server, url
+    def argv_for(port: int) -> list[str]:
+        argv = kvtrim_argv(cfg.model, port, cfg.threads, launch)
+        return [sys.executable, __file__, "--child", log, "--",
+                *argv[argv.index("serve") + 1 :], *extra]  # fmt: skip
+
+    return argv_for
 
 
 def report(
@@ -104,14 +97,15 @@ def report(
     decs = [d for d in decs if t0 <= d[0] <= t1]
     queued = sorted(float(w[0]) for w in lines if w[1] == "prompt" and t0 <= float(w[0]) <= t1)
     prompts = [d for d in decs if d[1] > d[2]]
-    steps = [d[3] for d in decs if d[1] == d[2] == max(x[2] for x in decs)]
+    width = max(d[2] for d in decs)  # the sequences of a full step
+    steps = [d[3] for d in decs if d[1] == d[2] == width]
     gaps = sum(b[0] - (a[0] + a[3]) for a, b in itertools.pairwise(decs))
     tokens = sum(d[1] for d in prompts)
     per = 1000 * sum(d[3] for d in prompts) / max(1, tokens)
     print(f"  {rps:.3f} req/s, {len(decs)} decodes, between them {gaps:.2f} s")
     print(f"  prompt rounds {[(d[1], d[2], round(d[3] * 1000)) for d in prompts]}")
     step = 1000 * statistics.median(steps) if steps else float("nan")
-    print(f"  {per:.3f} ms a prompt token; a step of {max(d[2] for d in decs)}: {step:.1f} ms")
+    print(f"  {per:.3f} ms a prompt token; a step of {width}: {step:.1f} ms")
     for w0 in sends[::clients]:  # the first request of each wave
         sent = [round((t - w0) * 1000, 1) for t in sends if w0 <= t < w0 + 0.5]
         got = [round((t - w0) * 1000, 1) for t in queued if w0 <= t < w0 + 0.5]
@@ -127,7 +121,17 @@ def main() -> None:
     p.add_argument("--stream", action="store_true", help="streamed answers, not whole")
     p.add_argument("--serve-args", default="", help="more kvtrim serve options, one string")
     args = p.parse_args()
-    texts = passages(3 + REQUESTS * args.rounds)
+    from engine.native.embedded import default_model_path
+
+    cfg = PeerConfig(
+        model=str(default_model_path()),
+        threads=2,
+        clients=[args.clients],
+        requests=args.rounds * PHASE,  # distinct passages in every round
+        lengths=[],
+    )
+    work = workload(cfg)
+    texts = work.streaming if args.stream else work.plain
     sends: list[float] = []
     complete = pc.complete
 
@@ -137,22 +141,22 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         log = f"{tmp}/decodes.log"
+        argv_for = serve_argv(cfg, log, shlex.split(args.serve_args))
         for r in range(args.rounds):
-            server, url = start(log, args.clients, shlex.split(args.serve_args))
-            try:
+            with ServerProcess(argv_for, Path(tmp) / f"serve-{r}.log") as url:
                 api = pc.client(url)
-                for text in texts[:3]:
-                    pc.complete(api, text, GEN)
-                phase = texts[3 + REQUESTS * r : 3 + REQUESTS * (r + 1)]
+                for text in work.warmups:
+                    pc.complete(api, text, cfg.gen_tokens)
+                api.close()
                 sends.clear()
                 pc.complete = timed  # what pc.load's clients call
-                t0 = time.perf_counter()
-                got = pc.load(url, phase, args.clients, GEN, args.stream)
-                t1 = time.perf_counter()
-            finally:
-                pc.complete = complete
-                server.terminate()
-                server.wait()
+                try:
+                    t0 = time.perf_counter()
+                    got = pc.load(url, texts[PHASE * r : PHASE * (r + 1)], args.clients,
+                                  cfg.gen_tokens, args.stream)  # fmt: skip
+                    t1 = time.perf_counter()
+                finally:
+                    pc.complete = complete
             print(f"round {r}:")
             lines = [line.split() for line in Path(log).read_text().splitlines()]
             report(lines, sorted(sends), (t0, t1), got["requests_per_s"], args.clients)
