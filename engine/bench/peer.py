@@ -4,8 +4,10 @@
 (``kvtrim bench --peer llama-server``).
 
 Both servers run the same workloads in one run, alternating: per part, round and
-configuration llama-server (A) then kvtrim (B), each started as a subprocess of its
-own and stopped before the next starts, so never both at once (``schedule``).
+configuration llama-server (A) then kvtrim (B) in even rounds and B then A in odd
+ones, so a drift of the machine within a round favours neither; each started as a
+subprocess of its own and stopped before the next starts, so never both at once
+(``schedule``).
 Requests go through the OpenAI Python SDK (peer_client.py).
 
 - ``serve``: 16 distinct ~160-token passages of real text (texts.py), 32 tokens
@@ -120,7 +122,8 @@ class Step:
 
 
 def configurations(cfg: PeerConfig, part: str) -> list[tuple[str, list[Launch]]]:
-    """Each configuration of ``part`` with its server starts, llama-server first."""
+    """Each configuration of ``part`` with its server starts, llama-server first
+    (``schedule`` turns the order round in odd rounds)."""
     if part == "serve":
         return [
             (
@@ -155,13 +158,14 @@ def configurations(cfg: PeerConfig, part: str) -> list[tuple[str, list[Launch]]]
 
 
 def schedule(cfg: PeerConfig) -> list[Step]:
-    """Every server start in order: per part, round and configuration, A then B."""
+    """Every server start in order: per part, round and configuration, llama-server
+    first in even rounds and last in odd ones (a counterbalanced order)."""
     return [
         Step(part, r, config, launch)
         for part in cfg.parts
         for r in range(cfg.rounds)
         for config, launches in configurations(cfg, part)
-        for launch in launches
+        for launch in (launches[::-1] if r % 2 else launches)
     ]
 
 

@@ -404,6 +404,22 @@ def targets(result: dict[str, Any]) -> list[Target]:
     ]
 
 
+def _range_cover(n: int) -> float:
+    """The chance that the range of ``n`` rounds' ratios holds their median: all
+    ``n`` fall on one side of it with chance ``2 x 0.5^n`` (a sign test)."""
+    return max(0.0, 1.0 - 2.0 * 0.5**n)
+
+
+def _who_first(result: dict[str, Any]) -> str:
+    """Which server of a round's configuration ran first, from the records' order
+    (runs before the counterbalanced schedule always started llama-server first)."""
+    groups = grouped(result.get("records", []), "part", "round", "config")
+    firsts = {min(rs, key=lambda r: r.get("order", 0))["server"] == PEER for rs in groups.values()}
+    if len(firsts) > 1:
+        return "llama-server first in even rounds, kvtrim first in odd ones"
+    return "llama-server first" if all(firsts) else "kvtrim first"
+
+
 def _notes(result: dict[str, Any]) -> list[str]:
     """What a reader needs to judge the comparison fair."""
     cfg = result["config"]
@@ -425,10 +441,12 @@ def _notes(result: dict[str, Any]) -> list[str]:
         f"for both (llama-server `-t -tb`, kvtrim `--threads`), {cfg.get('gpu_layers', 0)} "
         "GPU layers (`-ngl`, `--gpu-layers`); each server its own process, "
         "started for each configuration and round and stopped before the other starts "
-        "(llama-server first); never both at once. Every figure is the median of "
+        f"({_who_first(result)}); never both at once. Every figure is the median of "
         f"{cfg['rounds']} round(s); the serve table's per-round column is kvtrim's "
         "requests/s over llama-server's within each round (the two runs of a round are "
-        "minutes apart, the rounds further: the spread is the machine's noise).",
+        "minutes apart, the rounds further: the spread is the machine's noise; the range "
+        f"of {cfg['rounds']} rounds holds the ratio's true median with "
+        f"{_range_cover(cfg['rounds']):.0%} confidence, by a sign test).",
         f"- llama-server: `{cfg['peer_binary']}`"
         + (f", {cfg['peer_build']}" if cfg.get("peer_build") else "")
         + ", its defaults but `-np`, `-c`, `-t`, `-tb` "

@@ -161,17 +161,20 @@ def test_load_stops_sending_after_a_failed_request():
 # ---------------------------------------------------------------- alternation
 
 
-def test_every_configuration_runs_llama_server_then_kvtrim_each_round():
+def test_every_configuration_runs_both_servers_each_round_in_turned_order():
     cfg = peer.PeerConfig()
     steps = peer.schedule(cfg)
     assert steps[0].part == "serve" and steps[-1].part == "reuse"
     groups: dict = {}
     for i, s in enumerate(steps):
         groups.setdefault((s.part, s.round, s.config), []).append((i, s.launch.server))
-    for (_, _, config), runs in groups.items():
+    for (_, r, config), runs in groups.items():
         order = [i for i, _ in runs]
         assert order == list(range(order[0], order[0] + len(order))), "no other start between"
-        assert runs[0][1] == ps.PEER and all(w == ps.KVTRIM for _, w in runs[1:]), config
+        servers = [w for _, w in runs]
+        if r % 2:  # odd rounds: kvtrim first, so a drift within a round favours neither
+            servers.reverse()
+        assert servers[0] == ps.PEER and all(w == ps.KVTRIM for w in servers[1:]), config
     per_part = {p: {c for (q, _, c) in groups if q == p} for p in peer.PARTS}
     for part, r, config in groups:
         assert r in range(cfg.rounds) and config in per_part[part]
@@ -534,8 +537,22 @@ def test_the_report(tmp_path):
     assert "| 32768 tokens | kvtrim snapkv 1024 | 32768 | 90.0 | 0.90 |" in md
     assert md.count("- MISSED: ") == 3 and md.count("- met: ") == 5
     assert "/x/llama-server" in md and "median of 3 round(s)" in md
+    assert "stopped before the other starts (llama-server first);" in md
+    assert "the range of 3 rounds holds the ratio's true median with 75% confidence" in md
     table = [ln for ln in md.splitlines() if ln.startswith("| 32768 tokens")]
     assert table[0].split(" | ")[1] == "llama-server", "llama-server's row first"
+
+
+def test_the_report_says_which_server_ran_first_in_a_round():
+    """Runs of the counterbalanced schedule turn the order round in odd rounds."""
+    records = [
+        {**_serve(ps.PEER, 8, False, 2.0, 0), "order": 0},
+        {**_serve(ps.KVTRIM, 8, False, 1.9, 0), "order": 1},
+        {**_serve(ps.KVTRIM, 8, False, 2.1, 1), "order": 2},
+        {**_serve(ps.PEER, 8, False, 2.0, 1), "order": 3},
+    ]
+    md = peer_report.markdown(_result(records))
+    assert "(llama-server first in even rounds, kvtrim first in odd ones)" in md
 
 
 def test_the_report_of_one_part(tmp_path):
