@@ -404,10 +404,11 @@ def targets(result: dict[str, Any]) -> list[Target]:
     ]
 
 
-def _range_cover(n: int) -> float:
-    """The chance that the range of ``n`` rounds' ratios holds their median: all
-    ``n`` fall on one side of it with chance ``2 x 0.5^n`` (a sign test)."""
-    return max(0.0, 1.0 - 2.0 * 0.5**n)
+def _range_cover(n: int) -> str:
+    """The chance that the range of ``n`` rounds' ratios holds their median, as a
+    percentage: all ``n`` fall on one side of it with chance ``2 x 0.5^n`` (a sign
+    test)."""
+    return f"{max(0.0, 1.0 - 2.0 * 0.5**n):.1%}".replace(".0%", "%")
 
 
 def _who_first(result: dict[str, Any]) -> str:
@@ -446,7 +447,7 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "requests/s over llama-server's within each round (the two runs of a round are "
         "minutes apart, the rounds further: the spread is the machine's noise; the range "
         f"of {cfg['rounds']} rounds holds the ratio's true median with "
-        f"{_range_cover(cfg['rounds']):.0%} confidence, by a sign test).",
+        f"{_range_cover(cfg['rounds'])} confidence, by a sign test).",
         f"- llama-server: `{cfg['peer_binary']}`"
         + (f", {cfg['peer_build']}" if cfg.get("peer_build") else "")
         + ", its defaults but `-np`, `-c`, `-t`, `-tb` "
