@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from ..native.capture import Captured, Segment
+from ..native.context import Pick
 from ..native.kvmemory import CacheSettings
 from ..stats import KVStats
 
@@ -41,7 +42,15 @@ class SequenceContext(Protocol):
         logits: bool,
         every: bool = False,
         capture: Segment | None = None,
-    ) -> Captured | None: ...
+        pick: Pick | None = None,
+    ) -> Captured | None:
+        """Decode ``tokens`` at ``pos0...``; ``pick`` chooses the next token from the
+        last row's logits where llama.cpp left them (``picked``), none read out."""
+        ...
+
+    def picked(self) -> int:
+        """The token the last decode's ``pick`` chose."""
+        ...
 
     def last_logits(self) -> np.ndarray: ...
 

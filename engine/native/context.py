@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -27,6 +27,10 @@ from .model import Model, decoding
 SEQ = 0
 ABORT_FROM_TOKENS = 8  # decodes of more tokens than this can be stopped inside llama.cpp
 _NO_ABORT = llama_cpp.ggml_abort_callback(0)  # a NULL callback
+
+Pick = Callable[[np.ndarray], int]
+"""Chooses the next token from a row of logits (float32, n_vocab) where llama.cpp
+left it: the row is valid only during the call, and nothing is copied."""
 
 
 def _context_params(
@@ -147,6 +151,7 @@ class NativeContext:
         self.swa_cells = self._swa_cells(swa_full)
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
+        self._picked: int | None = None
 
     def _swa_cells(self, swa_full: bool) -> int:
         """Cells of each sliding-window layer: none without such layers, ``n_ctx``
@@ -168,20 +173,32 @@ class NativeContext:
         logits: bool,
         every: bool = False,
         capture: Segment | None = None,
+        pick: Pick | None = None,
         seq: int = SEQ,
     ) -> Captured | None:
         """Decode ``tokens`` of sequence ``seq`` at positions ``pos0...``; logits for
         the last one if asked (for every one with ``every``). ``capture``: the
-        attention and keys to keep (its ``start``/``stop`` are ignored: all the rows)."""
+        attention and keys to keep (its ``start``/``stop`` are ignored: all the rows).
+        ``pick``: run on the last row's logits where they lie (``picked``), none read out."""
         n = len(tokens)
         entries = [(seq, tok, pos0 + i, every) for i, tok in enumerate(tokens)]
         if n:
-            entries[-1] = (seq, tokens[-1], pos0 + n - 1, logits or every)
+            entries[-1] = (seq, tokens[-1], pos0 + n - 1, logits or every or pick is not None)
+        got, self._picked = None, None
         if capture is None:
             self.decode_batch(entries)
-            return None
-        seg = Segment(0, n, capture.rows, capture.visibility, keys=capture.keys)
-        return self.decode_batch(entries, [seg])[0]
+        else:
+            seg = Segment(0, n, capture.rows, capture.visibility, keys=capture.keys)
+            got = self.decode_batch(entries, [seg])[0]
+        if pick is not None:
+            self._picked = pick(self.logits_view(-1))
+        return got
+
+    def picked(self) -> int:
+        """The token the last decode's ``pick`` chose."""
+        if self._picked is None:
+            raise EngineError("no token was picked")
+        return self._picked
 
     def decode_batch(
         self,
@@ -258,21 +275,22 @@ class NativeContext:
         """Cells of one sequence's cache (the columns of the attention tensor)."""
         return self.n_ctx if self.kv_unified else self.n_ctx_seq
 
-    def logits_at(self, i: int) -> np.ndarray:
-        """Logits of batch entry ``i`` of the last decode (it must have asked)."""
+    def logits_view(self, i: int) -> np.ndarray:
+        """Logits of batch entry ``i`` of the last decode (it must have asked; -1: the
+        last that did) in llama.cpp's own buffer: valid until the next decode."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, i)
         if not ptr:
             raise EngineError(f"no logits for batch entry {i}")
         buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
-        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
+        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab)
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """A copy of batch entry ``i``'s logits (see ``logits_view``)."""
+        return self.logits_view(i).copy()
 
     def last_logits(self) -> np.ndarray:
         """Logits of the last decoded token that asked for them (float32, n_vocab)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
-        if not ptr:
-            raise EngineError("no logits available")
-        buf = (ctypes.c_float * self.n_vocab).from_address(ctypes.addressof(ptr.contents))
-        return np.frombuffer(buf, dtype=np.float32, count=self.n_vocab).copy()
+        return self.logits_at(-1)
 
     def logits_rows(self, n: int) -> np.ndarray:
         """Logits of the last decode's ``n`` output rows (float32, ``(n, n_vocab)``)."""

@@ -7,9 +7,11 @@ eight steps (docs/multiseq.md: 2.1x tokens/s at 8 sequences on 2 cores).
 A session's ``decode`` puts a step in the queue and blocks; the thread decodes the
 queued steps together and hands each sequence its logits and its own attention
 rows or keys (capture.py ``Segment``). What goes into a batch is ``plan.plan``'s
-(a function, tested without a model). When a batch runs is no timer's either: the
-sequences a batch answered are owed back (each samples its token, or evicts,
-under the CPU lock that no decode runs beside, then asks again), and the next
+(a function, tested without a model). When a batch runs is no timer's either: an
+answer's step brings its sampler, which this thread runs on the step's row where
+llama.cpp left it (no copy of the vocabulary's logits); the sequences a batch
+answered are owed back (each takes its token, or evicts, under the CPU lock that
+no decode runs beside, then asks again), and the next
 batch waits until every one of them has asked again or left (closed, parked, or
 stopped reading: ``forget``), so a batch is as large as the running sequences make
 it, as llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
@@ -34,7 +36,7 @@ import numpy as np
 
 from ..errors import CacheFullError, Cancelled, EngineError
 from ..native.capture import Captured, Segment, Ubatch
-from ..native.context import NativeContext
+from ..native.context import NativeContext, Pick
 from ..native.kvmemory import CacheSettings
 from ..native.ubatch import split_equal
 from .plan import Room, Waiting, plan
@@ -88,9 +90,11 @@ class _Step:
     every: bool
     capture: Segment | None
     order: int
+    pick: Pick | None = None  # chooses the next token from the last row where it lies
     done: threading.Event = field(default_factory=threading.Event)
     taken: bool = False
     out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
+    picked: int | None = None  # what ``pick`` chose
     captured: Captured | None = None
     error: BaseException | None = None
     requeue: bool = False  # put back in the queue instead of answered (no free cells)
@@ -165,6 +169,27 @@ def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
     return out
 
 
+def _read_out(
+    ctx: NativeContext, step: _Step, a: int, got: Iterator[Captured], n_segments: int
+) -> None:
+    """A step's logits rows (its tokens start at batch row ``a``), or the token its
+    ``pick`` chose from the last one where it lies, and its attention (call with the
+    context's lock held)."""
+    n = len(step.tokens)
+    if step.every:
+        step.out = np.stack([ctx.logits_at(a + i) for i in range(n)])
+    elif step.pick is not None:  # its sampler, on the row where it lies: no copy
+        try:
+            step.picked = step.pick(ctx.logits_view(a + n - 1))
+        except Exception as exc:  # the sequence's own failure, not the batch's
+            step.error = exc
+    elif step.logits:
+        step.out = ctx.logits_at(a + n - 1)[None]
+    if step.capture is not None:
+        c = next(got)
+        step.captured = Captured(c.visible, c.attn, c.seconds / n_segments, c.keys)
+
+
 class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
@@ -205,12 +230,16 @@ class Scheduler:
         logits: bool,
         every: bool,
         capture: Segment | None,
+        pick: Pick | None = None,
     ) -> _Step:
         """Queue sequence ``seq``'s step and wait until it was decoded (or raise:
-        ``Cancelled`` at ``cancel`` while still queued, or the step's error)."""
+        ``Cancelled`` at ``cancel`` while still queued, or the step's error).
+        ``pick`` runs here, in the scheduler's thread, on the last row's logits where
+        llama.cpp left them, before the next decode overwrites them."""
         if not 0 < len(tokens) <= self.shared.ctx.n_batch:
             raise EngineError(f"decode of {len(tokens)} tokens does not fit the pool's batch")
-        step = _Step(seq, tokens, pos0, logits, every, capture, next(self._order))
+        logits = logits or pick is not None
+        step = _Step(seq, tokens, pos0, logits, every, capture, next(self._order), pick)
         with self._cond:
             if self.closed:
                 raise Cancelled("the pool is closed")
@@ -384,7 +413,7 @@ class Scheduler:
                 ctx = self.shared.ctx
                 got = iter(ctx.decode_batch(entries, segments, ubatches=ubatches))
                 for step, a in zip(steps, starts, strict=True):
-                    self._read_out(step, a, got, n_captured)
+                    _read_out(ctx, step, a, got, n_captured)
         except CacheFullError as exc:
             self._no_room(steps, exc)
         except BaseException as exc:  # every sequence of the batch hears of it
@@ -412,18 +441,6 @@ class Scheduler:
             if c is not None and self.layout == "shared":
                 segments.append(Segment(a, a + n, c.rows, c.visibility, keys=c.keys))
         return entries, segments, starts
-
-    def _read_out(self, step: _Step, a: int, got: Iterator[Captured], n_segments: int) -> None:
-        """The step's logits rows (its tokens start at batch row ``a``) and its
-        attention (call with the context's lock held)."""
-        ctx, n = self.shared.ctx, len(step.tokens)
-        if step.every:
-            step.out = np.stack([ctx.logits_at(a + i) for i in range(n)])
-        elif step.logits:
-            step.out = ctx.logits_at(a + n - 1)[None]
-        if step.capture is not None:
-            c = next(got)
-            step.captured = Captured(c.visible, c.attn, c.seconds / n_segments, c.keys)
 
     def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
         """llama.cpp found no free cells and left the cache as it was: a batch tries

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import EngineError
 from ..native.capture import Captured, Segment
+from ..native.context import Pick
 from ..native.kvmemory import CacheSettings
 from ..stats import KVStats
 from .scheduler import Scheduler, SharedContext
@@ -61,6 +62,7 @@ class Slot:
         self.started = time.time()
         self._release = release
         self._out: np.ndarray | None = None
+        self._picked: int | None = None
         self._empty = True  # holds no cells: the pool freed them at the last release
         self._closed = False
 
@@ -99,17 +101,26 @@ class Slot:
         logits: bool,
         every: bool = False,
         capture: Segment | None = None,
+        pick: Pick | None = None,
     ) -> Captured | None:
-        """Decode ``tokens`` at ``pos0...`` in the next batch (blocks until it ran)."""
+        """Decode ``tokens`` at ``pos0...`` in the next batch (blocks until it ran);
+        ``pick`` runs in the scheduler's thread on the row llama.cpp left (``picked``)."""
         if capture is not None and self.shared.ctx.capture is None:
             raise EngineError("this pool was made without attention capture")
         self._empty = False
         step = self.scheduler.submit(
-            self.seq, self.cancel_event, tokens, pos0, logits, every, capture
+            self.seq, self.cancel_event, tokens, pos0, logits, every, capture, pick
         )
         if step.out is not None:
             self._out = step.out
+        self._picked = step.picked
         return step.captured
+
+    def picked(self) -> int:
+        """The token the last decode's ``pick`` chose."""
+        if self._picked is None:
+            raise EngineError("no token was picked")
+        return self._picked
 
     def last_logits(self) -> np.ndarray:
         if self._out is None:

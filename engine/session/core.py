@@ -122,7 +122,7 @@ class Session:
     @property
     def can_follow_up(self) -> bool:
         """Whether a turn (an answer, whole or stopped) ended here, not cancelled."""
-        return self.reader.logits is not None
+        return self.reader.predicted
 
     # -- public API -------------------------------------------------------
 

@@ -4,12 +4,14 @@ answer grows. Sizes in tokens, times in seconds."""
 from __future__ import annotations
 
 import codecs
+import functools
 import time
 from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import CacheFullError, Cancelled, ConfigError
+from ..errors import CacheFullError, Cancelled, ConfigError, EngineError
+from ..native.context import Pick
 from ..stats import Done, Event, Token
 from .reader import Reader
 from .sampling import LoopGuard, Sampler, Sampling, StopMatcher
@@ -40,11 +42,10 @@ def generate(
     start, base, reason = time.perf_counter(), stats.decode_s, "length"
     reader.trace.start_answer()
     starts: list[tuple[int, int]] = []  # (id, characters of the answer before it)
+    pick = functools.partial(_sample_without, sample, banned)
     try:
         for _ in range(max_tokens):
-            _decode_pending(reader)  # the last token, decoded once its caller had it
-            with reader.ctx.busy():
-                token = _sample_without(sample, reader.logits, banned)
+            token = _next(reader, pick)
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - reader.t0
             ended = _ends_before(reader, token, stop_tags, matcher)
@@ -87,7 +88,20 @@ def _end(
     yield Done(matcher.text, reason, reader.stats)
 
 
-def _sample_without(sample: Sampler, logits: np.ndarray, banned: np.ndarray) -> int:
+def _next(reader: Reader, pick: Pick) -> int:
+    """The answer's next token: the last one decoded (once its caller had it) and the
+    next picked from its logits where llama.cpp left them (in a pool, by the
+    scheduler's thread); the first one from the logits the read left."""
+    token = _decode_pending(reader, pick)
+    if token is not None:
+        return token
+    if reader.logits is None:
+        raise EngineError("no logits to sample the answer's next token from")
+    with reader.ctx.busy():
+        return pick(reader.logits)
+
+
+def _sample_without(sample: Sampler, banned: np.ndarray, logits: np.ndarray) -> int:
     """``sample(logits)`` with the ``banned`` tokens made impossible; ``logits`` are
     as they were after (masked in place and restored: a copy of Gemma's 262,144
     would cost more than the sampler)."""
@@ -114,19 +128,21 @@ def _add(reader: Reader, token: int) -> int:
     return at
 
 
-def _decode_pending(reader: Reader) -> None:
-    """Decode the answer's newest token (``_add``) for the next one's logits. Unlike
-    ``Reader.settle`` a cancel stops it: the token then stays pending, as the last
-    one of an answer does, and its cells are never written. Before the first token
-    (nothing pending) a stop set meanwhile ends the answer empty, as that token's
-    decode did before it was yielded."""
+def _decode_pending(reader: Reader, pick: Pick) -> int | None:
+    """Decode the answer's newest token (``_add``) and return the next one, chosen by
+    ``pick`` from its logits where llama.cpp left them (the copy of Gemma's 262,144
+    logits cost more than the greedy pick). Unlike ``Reader.settle`` a cancel stops it:
+    the token then stays pending, as the last one of an answer does, and its cells are
+    never written. Nothing pending (the first token, or after ``settle``): None, and a
+    stop set meanwhile ends the answer empty, as that token's decode did before it was
+    yielded."""
     token, reader.pending = reader.pending, None
     if token is None:
         if reader.ctx.cancel_event.is_set():
             raise Cancelled("cancelled")
-        return
+        return None
     try:
-        reader.decode([token], logits=True)
+        return reader.decode([token], logits=True, pick=pick)
     except (Cancelled, CacheFullError):  # raised before llama.cpp wrote a cell
         reader.pending = token
         raise

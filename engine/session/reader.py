@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from ..errors import CacheFullError, Cancelled, ConfigError, ContextOverflowErro
 from ..kv.cache import KVCache
 from ..kv.context import SequenceContext
 from ..native.capture import Captured, Segment
+from ..native.context import Pick
 from ..native.kvmemory import CacheSettings, KVLayout
 from ..native.model import Model
 from ..policies import Keys, Observation, Policy
@@ -56,7 +58,10 @@ class Reader:
         self.cache = KVCache(ctx, track_cells=self.reads_attention)
         self.stats = _new_stats(self)
         self.trace = TokenTrace(model_piece(self.model))
-        self.logits: np.ndarray | None = None  # what the last token predicts
+        self.logits: np.ndarray | None = None  # what the last token predicts, if read out
+        # a decode computed what comes next (its ``logits``, or a token picked from them):
+        # a turn ended here (``Session.can_follow_up``)
+        self.predicted = False
         self.rows: np.ndarray | None = None  # every row's, when fed with ``every``
         self.t0 = time.perf_counter()  # the request's start (for the first token's time)
         self.observing = True  # attention rows read at each decode (``capture``)
@@ -75,7 +80,7 @@ class Reader:
         self.policy.reset()
         self.stats = _new_stats(self)
         self.trace = TokenTrace(model_piece(self.model))
-        self.logits = None
+        self.logits, self.predicted = None, False
         self.planned = 0
         self.sync_stats()  # a pool counts cells from the last report: now none
 
@@ -139,7 +144,7 @@ class Reader:
         self.settle(keep=False)
         self.cache.drop_scratch()
         self.cache.drop_tail(first_id)
-        self.logits = None
+        self.logits, self.predicted = None, False
         self.stats = _new_stats(self)  # the next request's own figures
         self.sync_stats()
 
@@ -211,18 +216,24 @@ class Reader:
                 yield self.rows
                 self.rows = None
 
-    def decode(self, tokens: Sequence[int], *, logits: bool, every: bool = False) -> None:
-        """Decode ``tokens`` after those held (the policy observes their attention)."""
+    def decode(
+        self, tokens: Sequence[int], *, logits: bool, every: bool = False, pick: Pick | None = None
+    ) -> int | None:
+        """Decode ``tokens`` after those held (the policy observes their attention).
+        ``pick``: choose the next token from the last row's logits where llama.cpp
+        left them and return it; ``logits`` is then None (nothing read out: an answer's
+        step, whose logits nothing else reads)."""
         self.settle()
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:
             self.cache.compact()
         pos0 = self.cache.next_lpos
+        out = {"logits": logits, "every": every, "pick": pick}
         if not self.capturing:
-            self.ctx.decode(tokens, pos0, logits=logits, every=every)
+            self.ctx.decode(tokens, pos0, **out)
             self.cache.appended(n, _edges(self.model, self.config, tokens))
         elif self.needs.keys:
-            got = self._captured(tokens, pos0, 0, visibility=False, logits=logits, every=every)
+            got = self._captured(tokens, pos0, 0, visibility=False, **out)
             first = self.cache.next_id
             self.cache.appended(n, _edges(self.model, self.config, tokens))
             if got.keys is not None:
@@ -232,33 +243,23 @@ class Reader:
         else:
             rows = n if self.policy.query_rows is None else self.policy.query_rows
             rows = rows if self.observing else 0
-            got = self._captured(tokens, pos0, rows, visibility=True, logits=logits, every=every)
+            got = self._captured(tokens, pos0, rows, visibility=True, **out)
             assert self.cache.cells is not None and got.visible is not None
             with self.ctx.busy():
                 self.cache.cells.learn(got.visible, range(pos0, pos0 + n))
                 self.cache.appended(n, _edges(self.model, self.config, tokens))
                 if got.attn is not None:
                     self.policy.observe(_observation(self.cache, got.attn))
-        if every:
-            self.rows = self.ctx.logits_rows(n)
-            self.logits = self.rows[-1]
-        elif logits:
-            self.logits = self.ctx.last_logits()
+        return _outcome(self, n, logits, every, pick)
 
     def _captured(
-        self,
-        tokens: Sequence[int],
-        pos0: int,
-        rows: int,
-        *,
-        visibility: bool,
-        logits: bool = False,
-        every: bool = False,
+        self, tokens: Sequence[int], pos0: int, rows: int, *, visibility: bool, **out: Any
     ) -> Captured:
         """Decode ``tokens`` at ``pos0...`` with the capture armed: the last ``rows``
-        attention rows and, with ``visibility``, the cells each row could see."""
+        attention rows and, with ``visibility``, the cells each row could see
+        (``out``: what ``decode`` reads out; no logits unless asked)."""
         seg = Segment(0, len(tokens), rows, visibility, keys=self.needs.keys)
-        got = self.ctx.decode(tokens, pos0, logits=logits, every=every, capture=seg)
+        got = self.ctx.decode(tokens, pos0, capture=seg, **{"logits": False, **out})
         assert got is not None
         self.stats.capture_s += got.seconds
         return got
@@ -364,6 +365,21 @@ def _edges(
     if not config.whole_words:
         return None
     return [model.word_edges(t) for t in tokens]
+
+
+def _outcome(reader: Reader, n: int, logits: bool, every: bool, pick: Pick | None) -> int | None:
+    """After a decode of ``n`` tokens: the token ``pick`` chose (no logits read out),
+    or the logits asked for (``Reader.logits``, and with ``every`` each row's)."""
+    if pick is not None:
+        reader.logits, reader.predicted = None, True
+        return reader.ctx.picked()
+    if every:
+        reader.rows = reader.ctx.logits_rows(n)
+        reader.logits = reader.rows[-1]
+    elif logits:
+        reader.logits = reader.ctx.last_logits()
+    reader.predicted = reader.predicted or reader.logits is not None
+    return None
 
 
 def _settle(reader: Reader, token: int) -> None:

@@ -265,6 +265,7 @@ def snapshot(session: Session, extra: dict[str, Any] | None = None) -> SavedStat
         "evicted": cache.evicted,
         "compactions": cache.compactions,
         "flash_attn": reader.flash,  # the V cache's layout its KV cells are in
+        "predicted": reader.predicted,  # a turn ended here (its logits may not be kept)
         "word": [cache._word, cache._word_len, cache._joins],
         "document_first_id": turns.document[0] if turns.document is not None else None,
         "segments": segments,
@@ -338,6 +339,7 @@ def _restore(session: Session, state: SavedState) -> None:
         cache.cells = CellMap(reader.ctx.n_cells)
         cache.cells.pos[:n] = order
     reader.logits = np.array(a["logits"], dtype=np.float32) if "logits" in a else None
+    reader.predicted = bool(meta.get("predicted", "logits" in a))  # older states: the logits
     _load_policy(session.policy, a)
     _load_trace(session, meta["segments"], a)
     if meta["document_first_id"] is not None:

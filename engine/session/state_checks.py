@@ -75,6 +75,8 @@ def _check(
     _count(meta, "compactions", MAX_IDS)
     if type(meta.get("flash_attn")) not in (bool, type(None)):
         raise DamagedStateError("its flash attention is not on, off or llama.cpp's")
+    if type(meta.get("predicted", False)) is not bool:
+        raise DamagedStateError("whether a turn ended in it is not true or false")
     next_lpos = _count(meta, "next_lpos", max_position)
     ids, lpos, words = (_ints(a, k) for k in ("ids", "lpos", "words"))
     n = len(ids)

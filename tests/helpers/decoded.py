@@ -14,9 +14,9 @@ def record_decodes(s: Session) -> list[int]:
     fed: list[int] = []
     decode = s.reader.decode
 
-    def spy(tokens: Sequence[int], **kw: Any) -> None:
+    def spy(tokens: Sequence[int], **kw: Any) -> int | None:
         fed.extend(tokens)
-        decode(tokens, **kw)
+        return decode(tokens, **kw)
 
     s.reader.decode = spy  # type: ignore[method-assign]
     return fed
@@ -28,10 +28,10 @@ def record_decodes_by_id(s: Session) -> dict[int, int]:
     fed: dict[int, int] = {}
     decode = s.reader.decode
 
-    def spy(tokens: Sequence[int], **kw: Any) -> None:
+    def spy(tokens: Sequence[int], **kw: Any) -> int | None:
         first = s.reader.cache.next_id if s.reader.pending is None else s.reader.cache.next_id + 1
         fed.update(zip(range(first, first + len(tokens)), tokens, strict=True))
-        decode(tokens, **kw)
+        return decode(tokens, **kw)
 
     s.reader.decode = spy  # type: ignore[method-assign]
     return fed

@@ -7,6 +7,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from engine.errors import CacheFullError
@@ -129,5 +130,55 @@ def test_a_new_sequence_empties_itself_without_waiting_for_the_decode_in_flight(
     slot.decode([7], 0, logits=True)
     slot.clear()
     assert ctx.removed == [(0, -1, 1)]
+    s.stop()
+    s.join()
+
+
+class _LogitsContext(_RecordingContext):
+    """Each decode writes its rows into one buffer the next decode overwrites, as
+    llama.cpp's does: row i predicts batch entry i's token plus one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = np.zeros((8, 16), dtype=np.float32)
+
+    def decode_batch(self, entries, segments, n_streams=1, *, ubatches=()):
+        self.rows[:] = 0
+        for i, (_seq, tok, _pos, _out) in enumerate(entries):
+            self.rows[i, (tok + 1) % 16] = 1
+        return super().decode_batch(entries, segments, n_streams, ubatches=ubatches)
+
+    def logits_view(self, row):
+        return self.rows[row]  # no copy
+
+
+def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
+    """Issue 37: a sequence's sampler runs in the scheduler's thread on the row
+    llama.cpp left (no copy of the vocabulary's logits): each step of a batch picks
+    from its own last row, and a sampler that fails fails its own step only."""
+    ctx = _LogitsContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
+
+    def broken(row: np.ndarray) -> int:
+        raise ValueError("this sampler is broken")
+
+    def argmax(row: np.ndarray) -> int:
+        return int(np.argmax(row))
+
+    steps = [
+        sch._Step(1, [3, 4], 0, True, False, None, 0, argmax),  # a chunk: its last row
+        sch._Step(2, [9], 5, True, False, None, 1, broken),
+        sch._Step(3, [6], 7, True, False, None, 2, argmax),
+    ]
+    s._decode(steps)
+    assert [st.picked for st in steps] == [5, None, 7]
+    assert steps[0].out is None and steps[2].out is None  # nothing copied
+    assert steps[0].error is None and steps[2].error is None
+    assert isinstance(steps[1].error, ValueError)
+    assert len(ctx.batches) == 1
+    # through submit: the step waits for its batch and returns what it picked
+    got = s.submit(4, threading.Event(), [10], 0, False, False, None, argmax)
+    assert got.picked == 11 and got.out is None
     s.stop()
     s.join()

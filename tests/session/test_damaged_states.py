@@ -108,9 +108,11 @@ def test_restore_checks_every_array_before_llama_cpp(engine, tmp_path):
     with engine.session("snapkv", 256) as s:
         s.collect(s.ask(doc, QUESTION, answer_prefix="The pass key is", max_tokens=8))
         good = s.snapshot()
+    # the answer's last step picked its token from llama.cpp's logits: none kept
+    assert "logits" not in good.arrays and good.meta["predicted"] is True
     store = StateStore(tmp_path)
     bad = {
-        "logits": {"logits": good.arrays["logits"][:10]},
+        "logits": {"logits": np.zeros(10, dtype=np.float32)},
         "cells": {"cell_positions": good.arrays["cell_positions"] + 1},
         "copies": {"copy_src": np.array([5, 6]), "copy_ids": np.array([1])},
         "policy": {"policy.0.ids": np.array([10**9])},
@@ -125,6 +127,15 @@ def test_restore_checks_every_array_before_llama_cpp(engine, tmp_path):
             assert not store.path(case).exists() and s.cache.n_used == 0, case
             with pytest.raises(StateError, match="no saved cache"):
                 store.get(case)
+        store.put("meta", SavedState({**good.meta, "predicted": "yes"}, good.arrays, good.kv))
+        with pytest.raises(DamagedStateError, match="turn ended"):
+            store.restore("meta", s)
         store.put("good", good)
         store.restore("good", s)
         assert s.can_follow_up and store.path("good").exists()
+        # a state saved before ``predicted`` was: its logits say that a turn ended
+        older = {k: v for k, v in good.meta.items() if k != "predicted"}
+        logits = np.zeros(s.model.info.n_vocab, dtype=np.float32)
+        store.put("older", SavedState(older, {**good.arrays, "logits": logits}, good.kv))
+        store.restore("older", s)
+        assert s.can_follow_up and s.reader.logits is not None

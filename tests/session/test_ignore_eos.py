@@ -30,7 +30,7 @@ def test_an_end_token_is_never_chosen(engine, temperature):
     logits[eog] = 30.0  # the model is sure it is done
     sample = Sampler(Sampling(temperature, seed=1))
     assert sample(logits) in set(eog.tolist())
-    picks = {_sample_without(sample, logits, eog) for _ in range(20)}
+    picks = {_sample_without(sample, eog, logits) for _ in range(20)}
     assert not picks & set(eog.tolist())
     assert logits[eog[0]] == 30.0  # the reader's logits are left as they were
 

@@ -5,10 +5,14 @@ answer tokens costs N - 1 decodes, and a follow-up finds the cache as it was
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from helpers.decoded import record_decodes
 from helpers.docs_for_tests import prose
 
 from engine import Prompt, Token
+from engine.errors import ConfigError
+from engine.session.sampling import Sampling
 
 N = 6  # answer tokens
 
@@ -72,3 +76,20 @@ def test_a_stop_after_the_answer_ended_does_not_lose_its_last_token(engine) -> N
         assert s.reader.pending is None
         assert s.cache.n_used == result.stats.prompt_tokens + N
         assert s.ctx.cancel_event.is_set()
+
+
+def test_an_answer_step_picks_from_the_last_row_and_reads_no_logits_out(engine) -> None:
+    """Issue 37: an answer's step chooses its next token where llama.cpp left the
+    logits (no copy of the vocabulary): from the decode's last row, the token the
+    copied logits would give; the turn still counts as ended (``can_follow_up``),
+    and an answer that ended on such a step leaves no logits to continue from."""
+    with engine.session("snapkv", 1024) as s:
+        s.collect(s.run(_prompt(), max_tokens=N, stops=()))
+        s.reader.settle()
+        tokens = s.model.tokenize(" and then it rained")[:3]
+        picked = s.reader.decode(tokens, logits=True, pick=lambda row: int(np.argmax(row)))
+        assert picked == int(np.argmax(s.ctx.last_logits()))  # the lone context's buffer
+        assert s.reader.logits is None and s.can_follow_up
+        with pytest.raises(ConfigError, match="nothing to continue from"):
+            list(s.generate(max_tokens=2, sampling=Sampling()))
+        s.collect(s.follow_up("And then?", max_tokens=2))  # a turn reads its question
