@@ -33,9 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "research"))
-
-from pool_ab import _port, _send  # noqa: E402
 
 
 def _timed(record: list[float], fn: Any) -> Any:
@@ -51,8 +48,9 @@ def _timed(record: list[float], fn: Any) -> Any:
 
 
 def _serve_inside(out: str, argv: list[str]) -> None:
-    """Run ``kvtrim serve`` from the current tree with the timers; write them to
-    ``out`` every 2 s (the server ends by a signal)."""
+    """Run ``kvtrim serve`` from the current tree (nothing of this checkout's is
+    imported here) with the timers; write them to ``out`` every 2 s (the server ends
+    by a signal)."""
     sys.path.insert(0, os.getcwd())
     from engine.pool import scheduler as sch
     from engine.session import generate as gen
@@ -121,6 +119,8 @@ def _report(rec: dict[str, Any]) -> str:
 
 
 def _one(tree: Path, stream: bool, requests: int) -> str:
+    from pool_ab import _port, _send
+
     port = _port()
     out = Path(tempfile.mkdtemp()) / "trace.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-inside", str(out), "--",
@@ -164,7 +164,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--stream", action="store_true", help="streamed (server-sent events)")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "research")]
     for r in range(args.rounds):
         for tree in args.trees:
             line = _one(tree.resolve(), args.stream, args.requests)
