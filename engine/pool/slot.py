@@ -21,7 +21,7 @@ from ..native.capture import Captured, Segment
 from ..native.context import Pick
 from ..native.kvmemory import CacheSettings
 from ..stats import KVStats
-from .scheduler import Scheduler, SharedContext
+from .scheduler import CancelEvent, Scheduler, SharedContext
 from .shares import Want
 
 
@@ -57,7 +57,7 @@ class Slot:
         self.swa_cells = ctx.swa_cells // ctx.n_seq_max
         self.label = label
         self._kept = False
-        self.cancel_event = threading.Event()
+        self.cancel_event = CancelEvent(scheduler, seq)
         self.stats: KVStats | None = None  # the session's, for /metrics
         self.started = time.time()
         self._release = release

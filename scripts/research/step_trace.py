@@ -5,8 +5,9 @@ after a 3-request warm-up; the server runs with timers wrapped around the schedu
 decodes, the sequences' submits, the read-out of each step's logits and the sampler.
 Each server start prints, over its answer-only steps (one token per sequence): the
 step's decode (read-out included), the time from its end to the next decode's start
-(the sequences' Python), how long a sequence took to come back, and per row the
-read-out of its logits and the sampler.
+(the sequences' Python), how long a sequence took to come back, per row the read-out
+of its logits and the sampler, and the CPU time a request thread spent waiting in
+``submit`` and between two submits (``time.thread_time``).
 
     git worktree add /tmp/before HEAD~1
     .venv/bin/python scripts/research/step_trace.py /tmp/before . --rounds 3
@@ -56,6 +57,7 @@ def _serve_inside(out: str, argv: list[str]) -> None:
     from engine.session import generate as gen
 
     rec: dict[str, Any] = {"runs": [], "sub": [], "read": [0.0, 0], "sample": [0.0, 0]}
+    rec |= {"cpu_in": [], "cpu_between": []}
     run, submit = sch.Scheduler._run, sch.Scheduler.submit
 
     def _run(self: Any, steps: list[Any]) -> None:
@@ -63,11 +65,17 @@ def _serve_inside(out: str, argv: list[str]) -> None:
         run(self, steps)
         rec["runs"].append((t0, time.perf_counter(), [s.seq for s in steps], n_tokens))
 
+    last_cpu: dict[int, float] = {}  # a request thread's CPU clock as its last submit ended
+
     def _submit(self: Any, seq: int, *a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0, tid = time.perf_counter(), time.thread_time(), threading.get_ident()
+        if tid in last_cpu:
+            rec["cpu_between"].append(c0 - last_cpu[tid])
         try:
             return submit(self, seq, *a, **k)
         finally:
+            last_cpu[tid] = time.thread_time()
+            rec["cpu_in"].append(last_cpu[tid] - c0)
             rec["sub"].append((seq, t0, time.perf_counter()))
 
     sch.Scheduler._run, sch.Scheduler.submit = _run, _submit  # type: ignore[method-assign]
@@ -112,9 +120,12 @@ def _report(rec: dict[str, Any]) -> str:
         total, n = rec[name]
         return f"{1e3 * total / max(n, 1):.3f}"
 
+    cpu_in, between = rec["cpu_in"], rec["cpu_between"]
     return (
         f"{len(decode)} answer steps, ms: decode {ms(decode)}, end to next decode {ms(owed)}, "
-        f"a sequence back {ms(back)}; per row: read-out {per('read')}, sampler {per('sample')}"
+        f"a sequence back {ms(back)}; per row: read-out {per('read')}, sampler {per('sample')}; "
+        f"a request thread's CPU a step, ms: waiting in submit {1e3 * statistics.mean(cpu_in):.3f}"
+        f" (mean), between submits {ms(between)}"
     )
 
 

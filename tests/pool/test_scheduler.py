@@ -182,3 +182,36 @@ def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
     assert got.picked == 11 and got.out is None
     s.stop()
     s.join()
+
+
+def test_a_slots_cancel_answers_its_queued_step_without_polling(monkeypatch):
+    """Issue 37: a pooled sequence's thread sleeps until its step is answered (no look
+    at its cancel every ``POLL_S``, which woke 8 threads during every decode); setting
+    its cancel answers a step still waiting for a batch at once."""
+    monkeypatch.setattr(sch, "POLL_S", 600.0)  # a poll would not come within the test
+    monkeypatch.setattr(sch, "NO_ROOM_S", 600.0)
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 2048)  # no room: it waits
+    slot = Slot(shared, s, lambda _: None, 1, 256, label="", want=256, evicts=True)
+    assert isinstance(slot.cancel_event, sch.CancelEvent)
+    raised: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            slot.decode([7], 0, logits=True)
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=decode)
+    t.start()
+    time.sleep(0.3)  # queued, no room
+    assert t.is_alive()
+    start = time.monotonic()
+    slot.cancel_event.set()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - start < 1
+    assert len(raised) == 1 and isinstance(raised[0], sch.Cancelled)
+    assert ctx.batches == []  # never decoded
+    s.stop()
+    s.join()
