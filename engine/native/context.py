@@ -152,6 +152,7 @@ class NativeContext:
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
         self._picked: int | None = None
+        self._pick_error: Exception | None = None
 
     def _swa_cells(self, swa_full: bool) -> int:
         """Cells of each sliding-window layer: none without such layers, ``n_ctx``
@@ -184,18 +185,23 @@ class NativeContext:
         entries = [(seq, tok, pos0 + i, every) for i, tok in enumerate(tokens)]
         if n:
             entries[-1] = (seq, tokens[-1], pos0 + n - 1, logits or every or pick is not None)
-        got, self._picked = None, None
+        got, self._picked, self._pick_error = None, None, None
         if capture is None:
             self.decode_batch(entries)
         else:
             seg = Segment(0, n, capture.rows, capture.visibility, keys=capture.keys)
             got = self.decode_batch(entries, [seg])[0]
         if pick is not None:
-            self._picked = pick(self.logits_view(-1))
+            try:
+                self._picked = pick(self.logits_view(-1))
+            except Exception as exc:  # raised by ``picked``: the decode itself ran
+                self._pick_error = exc
         return got
 
     def picked(self) -> int:
-        """The token the last decode's ``pick`` chose."""
+        """The token the last decode's ``pick`` chose (what it raised, raised here)."""
+        if self._pick_error is not None:
+            raise self._pick_error
         if self._picked is None:
             raise EngineError("no token was picked")
         return self._picked

@@ -85,13 +85,13 @@ class CancelEvent(threading.Event):
     ``POLL_S`` to look (a wake of 8 waiting threads costs a decode about 0.7 ms a
     step on 2 cores: history.md, issue 37)."""
 
-    def __init__(self, scheduler: Scheduler, seq: int) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         super().__init__()
-        self._scheduler, self._seq = scheduler, seq
+        self._scheduler = scheduler
 
     def set(self) -> None:
         super().set()
-        self._scheduler.cancelled(self._seq)
+        self._scheduler.cancelled(self)
 
 
 @dataclass(eq=False)
@@ -106,10 +106,12 @@ class _Step:
     capture: Segment | None
     order: int
     pick: Pick | None = None  # chooses the next token from the last row where it lies
+    cancel: threading.Event | None = None  # its caller's (its steps are answered at set)
     done: threading.Event = field(default_factory=threading.Event)
     taken: bool = False
     out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
     picked: int | None = None  # what ``pick`` chose
+    pick_error: Exception | None = None  # what ``pick`` raised (the decode itself ran)
     captured: Captured | None = None
     error: BaseException | None = None
     requeue: bool = False  # put back in the queue instead of answered (no free cells)
@@ -196,8 +198,8 @@ def _read_out(
     elif step.pick is not None:  # its sampler, on the row where it lies: no copy
         try:
             step.picked = step.pick(ctx.logits_view(a + n - 1))
-        except Exception as exc:  # the sequence's own failure, not the batch's
-            step.error = exc
+        except Exception as exc:  # the sequence's own failure, after its cells were written
+            step.pick_error = exc
     elif step.logits:
         step.out = ctx.logits_at(a + n - 1)[None]
     if step.capture is not None:
@@ -254,7 +256,7 @@ class Scheduler:
         if not 0 < len(tokens) <= self.shared.ctx.n_batch:
             raise EngineError(f"decode of {len(tokens)} tokens does not fit the pool's batch")
         logits = logits or pick is not None
-        step = _Step(seq, tokens, pos0, logits, every, capture, next(self._order), pick)
+        step = _Step(seq, tokens, pos0, logits, every, capture, next(self._order), pick, cancel)
         with self._cond:
             if self.closed:
                 raise Cancelled("the pool is closed")
@@ -275,10 +277,11 @@ class Scheduler:
             raise step.error
         return step
 
-    def cancelled(self, seq: int) -> None:
-        """Answer sequence ``seq``'s step still waiting for a batch with ``Cancelled``."""
+    def cancelled(self, cancel: threading.Event) -> None:
+        """Answer the step of ``cancel``'s caller still waiting for a batch with
+        ``Cancelled`` (its own: a sequence id may have gone to another request)."""
         with self._cond:
-            for step in [s for s in self._pending if s.seq == seq and not s.taken]:
+            for step in [s for s in self._pending if s.cancel is cancel and not s.taken]:
                 self._pending.remove(step)
                 step.error = Cancelled("cancelled")
                 step.done.set()
@@ -468,26 +471,23 @@ class Scheduler:
     def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
         """llama.cpp found no free cells and left the cache as it was: a batch tries
         its steps alone; a step alone waits for a sequence whose share shrank to
-        evict (the counts the room check uses lag behind), then fails."""
-        if len(steps) > 1:
-            for step in steps:
-                step.requeue = True
-            with self._cond:
-                self._pending[:0] = steps
-                for step in steps:
-                    step.taken = False
-                self._split_next = True
-            return
-        step = steps[0]
-        step.retries += 1
-        if step.retries > RETRIES:
-            step.error = exc
-            return
-        step.requeue = True
+        evict (the counts the room check uses lag behind), then fails. A step whose
+        caller cancelled meanwhile is answered ``Cancelled`` instead."""
         with self._cond:
-            step.taken = False
-            self._pending.insert(0, step)
-            self._stall = True
+            for step in steps:
+                if step.cancel is not None and step.cancel.is_set():
+                    step.error = Cancelled("cancelled")
+            back = [s for s in steps if s.error is None]
+            if len(steps) > 1:  # each alone next
+                self._split_next = True
+            elif back and back[0].retries < RETRIES:  # after a while: others evict
+                back[0].retries += 1
+                self._stall = True
+            elif back:
+                back[0].error, back = exc, []
+            for step in back:
+                step.requeue, step.taken = True, False
+            self._pending[:0] = back
 
     def _account(self, steps: list[_Step], n_tokens: int, seconds: float) -> None:
         """Count the decode, then answer every step not put back in the queue."""

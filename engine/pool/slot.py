@@ -57,12 +57,13 @@ class Slot:
         self.swa_cells = ctx.swa_cells // ctx.n_seq_max
         self.label = label
         self._kept = False
-        self.cancel_event = CancelEvent(scheduler, seq)
+        self.cancel_event = CancelEvent(scheduler)
         self.stats: KVStats | None = None  # the session's, for /metrics
         self.started = time.time()
         self._release = release
         self._out: np.ndarray | None = None
         self._picked: int | None = None
+        self._pick_error: Exception | None = None
         self._empty = True  # holds no cells: the pool freed them at the last release
         self._closed = False
 
@@ -113,11 +114,13 @@ class Slot:
         )
         if step.out is not None:
             self._out = step.out
-        self._picked = step.picked
+        self._picked, self._pick_error = step.picked, step.pick_error
         return step.captured
 
     def picked(self) -> int:
-        """The token the last decode's ``pick`` chose."""
+        """The token the last decode's ``pick`` chose (what it raised, raised here)."""
+        if self._pick_error is not None:
+            raise self._pick_error
         if self._picked is None:
             raise EngineError("no token was picked")
         return self._picked

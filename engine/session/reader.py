@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CacheFullError, Cancelled, ConfigError, ContextOverflowError
+from ..errors import CacheFullError, Cancelled, ConfigError, ContextOverflowError, EngineError
 from ..kv.cache import KVCache
 from ..kv.context import SequenceContext
 from ..native.capture import Captured, Segment
@@ -222,7 +222,9 @@ class Reader:
         """Decode ``tokens`` after those held (the policy observes their attention).
         ``pick``: choose the next token from the last row's logits where llama.cpp
         left them and return it; ``logits`` is then None (nothing read out: an answer's
-        step, whose logits nothing else reads)."""
+        step, whose logits nothing else reads; not with ``every``)."""
+        if pick is not None and every:
+            raise EngineError("a decode picks its next token or reads every row, not both")
         self.settle()
         n = len(tokens)
         if self.cache.next_lpos + n > self.max_position:

@@ -155,7 +155,8 @@ class _LogitsContext(_RecordingContext):
 def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
     """Issue 37: a sequence's sampler runs in the scheduler's thread on the row
     llama.cpp left (no copy of the vocabulary's logits): each step of a batch picks
-    from its own last row, and a sampler that fails fails its own step only."""
+    from its own last row, and a sampler that fails fails its own step only, after
+    its decode (the caller's cache then holds the token: ``Slot.picked`` raises)."""
     ctx = _LogitsContext()
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
     s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
@@ -174,8 +175,9 @@ def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
     s._decode(steps)
     assert [st.picked for st in steps] == [5, None, 7]
     assert steps[0].out is None and steps[2].out is None  # nothing copied
-    assert steps[0].error is None and steps[2].error is None
-    assert isinstance(steps[1].error, ValueError)
+    assert all(st.error is None for st in steps)
+    assert isinstance(steps[1].pick_error, ValueError)
+    assert steps[0].pick_error is None and steps[2].pick_error is None
     assert len(ctx.batches) == 1
     # through submit: the step waits for its batch and returns what it picked
     got = s.submit(4, threading.Event(), [10], 0, False, False, None, argmax)
@@ -215,3 +217,44 @@ def test_a_slots_cancel_answers_its_queued_step_without_polling(monkeypatch):
     assert ctx.batches == []  # never decoded
     s.stop()
     s.join()
+
+
+def test_a_cancel_answers_its_own_step_not_another_requests_on_the_same_sequence(
+    monkeypatch,
+):
+    """A sequence id goes to the next request once one ends; the old request's cancel,
+    set late (a client that left as its answer ended), must not cancel the new one's
+    step. A cancel set while its step ran and found no free cells ends it then."""
+    monkeypatch.setattr(sch, "POLL_S", 600.0)
+    monkeypatch.setattr(sch, "NO_ROOM_S", 600.0)
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 2048)  # no room: it waits
+    old, new = sch.CancelEvent(s), sch.CancelEvent(s)
+    raised: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            s.submit(1, new, [7], 0, True, False, None)
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=submit)
+    t.start()
+    time.sleep(0.3)
+    old.set()  # the last request of sequence 1 is cancelled late
+    t.join(0.5)
+    assert t.is_alive() and raised == []
+    new.set()
+    t.join(5)
+    assert not t.is_alive() and isinstance(raised[0], sch.Cancelled)
+    s.stop()
+    s.join()
+    # no free cells for a batch it was in, its caller cancelled meanwhile: not tried again
+    gone, kept = sch.CancelEvent(s), threading.Event()
+    steps = [sch._Step(2, [5], 0, True, False, None, 0, cancel=gone),
+             sch._Step(3, [6], 0, True, False, None, 1, cancel=kept)]  # fmt: skip
+    gone.set()
+    s._no_room(steps, sch.CacheFullError("full"))
+    assert isinstance(steps[0].error, sch.Cancelled) and not steps[0].requeue
+    assert steps[1].error is None and steps[1].requeue and s._pending == [steps[1]]

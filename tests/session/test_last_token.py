@@ -11,7 +11,7 @@ from helpers.decoded import record_decodes
 from helpers.docs_for_tests import prose
 
 from engine import Prompt, Token
-from engine.errors import ConfigError
+from engine.errors import ConfigError, EngineError
 from engine.session.sampling import Sampling
 
 N = 6  # answer tokens
@@ -93,3 +93,14 @@ def test_an_answer_step_picks_from_the_last_row_and_reads_no_logits_out(engine) 
         with pytest.raises(ConfigError, match="nothing to continue from"):
             list(s.generate(max_tokens=2, sampling=Sampling()))
         s.collect(s.follow_up("And then?", max_tokens=2))  # a turn reads its question
+        s.reader.settle()
+        held = s.cache.n_used
+
+        def broken(row: np.ndarray) -> int:
+            raise ValueError("a broken sampler")
+
+        with pytest.raises(ValueError, match="broken"):  # after its decode: the token is held
+            s.reader.decode(tokens[:1], logits=True, pick=broken)
+        assert s.cache.n_used == held + 1 and s.ctx.pos_max() == s.cache.next_lpos - 1
+        with pytest.raises(EngineError, match="not both"):
+            s.reader.decode(tokens[:1], logits=True, every=True, pick=broken)
