@@ -80,10 +80,10 @@ class SharedContext:
 
 
 class CancelEvent(threading.Event):
-    """A pooled sequence's cancel: setting it also answers the sequence's step still
-    waiting for a batch, so its thread sleeps until then instead of waking every
-    ``POLL_S`` to look (a wake of 8 waiting threads costs a decode about 0.7 ms a
-    step on 2 cores: history.md, issue 37)."""
+    """A pooled sequence's cancel: setting it also answers its caller's step still
+    waiting for a batch, so the caller's thread sleeps until then instead of waking
+    every ``POLL_S`` to look (8 threads' looks took about 0.6 ms of CPU a pooled step
+    from llama.cpp's threads on 2 cores: history.md, issue 37)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__()
