@@ -33,6 +33,15 @@ Pick = Callable[[np.ndarray], int]
 left it: the row is valid only during the call, and nothing is copied."""
 
 
+def picked_token(token: int | None, error: Exception | None) -> int:
+    """What a decode's ``Pick`` chose, or what it raised (the decode itself ran)."""
+    if error is not None:
+        raise error
+    if token is None:
+        raise EngineError("no token was picked")
+    return token
+
+
 def _context_params(
     n_ctx: int,
     n_batch: int,
@@ -200,11 +209,7 @@ class NativeContext:
 
     def picked(self) -> int:
         """The token the last decode's ``pick`` chose (what it raised, raised here)."""
-        if self._pick_error is not None:
-            raise self._pick_error
-        if self._picked is None:
-            raise EngineError("no token was picked")
-        return self._picked
+        return picked_token(self._picked, self._pick_error)
 
     def decode_batch(
         self,

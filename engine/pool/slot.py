@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import EngineError
 from ..native.capture import Captured, Segment
-from ..native.context import Pick
+from ..native.context import Pick, picked_token
 from ..native.kvmemory import CacheSettings
 from ..stats import KVStats
 from .scheduler import CancelEvent, Scheduler, SharedContext
@@ -119,11 +119,7 @@ class Slot:
 
     def picked(self) -> int:
         """The token the last decode's ``pick`` chose (what it raised, raised here)."""
-        if self._pick_error is not None:
-            raise self._pick_error
-        if self._picked is None:
-            raise EngineError("no token was picked")
-        return self._picked
+        return picked_token(self._picked, self._pick_error)
 
     def last_logits(self) -> np.ndarray:
         if self._out is None:

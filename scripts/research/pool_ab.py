@@ -50,13 +50,18 @@ def start_server(options: list[str], root: Path = ROOT) -> tuple[subprocess.Pope
         cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
+    wait_ready(url)
+    return server, url
+
+
+def wait_ready(url: str) -> None:
+    """Until the server at ``url`` answers /health (at most about 2 minutes)."""
     for _ in range(600):
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
+                return
         except httpx.HTTPError:
             time.sleep(0.2)
-    return server, url
 
 
 def _send(

@@ -130,7 +130,7 @@ def _report(rec: dict[str, Any]) -> str:
 
 
 def _one(tree: Path, stream: bool, requests: int) -> str:
-    from pool_ab import _port, _send
+    from pool_ab import _port, _send, wait_ready
 
     port = _port()
     out = Path(tempfile.mkdtemp()) / "trace.json"
@@ -143,16 +143,9 @@ def _one(tree: Path, stream: bool, requests: int) -> str:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
         from engine.bench.texts import window
 
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_ready(url)
         prompts = [window(20_000 * i + 7, 700) + "\n\nIn short," for i in range(requests + 3)]
         _send(url, prompts[requests:], 8, 32, stream, True)  # warm-up
         start = time.perf_counter()
