@@ -44,7 +44,6 @@ from .plan import Room, Waiting, plan
 OWED_LIMIT_S = 2.0  # a sequence owed back longer than this no longer holds the batch
 RETRY_S = 0.01  # seconds between tries of a step that found no free cells
 RETRIES = 300  # tries of a step alone that finds no free cells (3 s), then it fails
-POLL_S = 0.05  # seconds between looks at a waiting caller's cancel (a plain Event)
 NO_ROOM_S = 60.0  # seconds no waiting step fits the pool before the oldest is failed
 
 
@@ -81,9 +80,9 @@ class SharedContext:
 
 class CancelEvent(threading.Event):
     """A pooled sequence's cancel: setting it also answers its caller's step still
-    waiting for a batch, so the caller's thread sleeps until then instead of waking
-    every ``POLL_S`` to look (8 threads' looks took about 0.6 ms of CPU a pooled step
-    from llama.cpp's threads on 2 cores: history.md, issue 37)."""
+    waiting for a batch, so the caller's thread sleeps until its step is answered
+    (it looked every 50 ms before: 8 threads' looks took about 0.6 ms of CPU a pooled
+    step from llama.cpp's threads on 2 cores, history.md, issue 37)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         super().__init__()
@@ -106,7 +105,7 @@ class _Step:
     capture: Segment | None
     order: int
     pick: Pick | None = None  # chooses the next token from the last row where it lies
-    cancel: threading.Event | None = None  # its caller's (its steps are answered at set)
+    cancel: CancelEvent | None = None  # its caller's (its step is answered at set)
     done: threading.Event = field(default_factory=threading.Event)
     taken: bool = False
     out: np.ndarray | None = None  # logits rows: (1 or len(tokens), n_vocab)
@@ -241,7 +240,7 @@ class Scheduler:
     def submit(
         self,
         seq: int,
-        cancel: threading.Event,
+        cancel: CancelEvent,
         tokens: Sequence[int],
         pos0: int,
         logits: bool,
@@ -265,19 +264,12 @@ class Scheduler:
             self._pending.append(step)
             self._owed.pop(seq, None)
             self._cond.notify_all()
-        if isinstance(cancel, CancelEvent):  # its set answers the step: no looks
-            step.done.wait()
-        while not step.done.wait(POLL_S):
-            if cancel.is_set():
-                with self._cond:
-                    if not step.taken:  # still queued: leave at once
-                        self._pending.remove(step)
-                        raise Cancelled("cancelled")
+        step.done.wait()  # a cancel answers it while it is queued (``cancelled``)
         if step.error is not None:
             raise step.error
         return step
 
-    def cancelled(self, cancel: threading.Event) -> None:
+    def cancelled(self, cancel: CancelEvent) -> None:
         """Answer the step of ``cancel``'s caller still waiting for a batch with
         ``Cancelled`` (its own: a sequence id may have gone to another request)."""
         with self._cond:

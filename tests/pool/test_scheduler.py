@@ -26,7 +26,7 @@ def test_a_step_that_never_fits_fails_with_the_reason(monkeypatch):
     s = _scheduler(held=2048)  # a stale count: every cell held, none ever freed
     start = time.monotonic()
     with pytest.raises(CacheFullError, match="no room in the pool for 0 s: 2048 cells held"):
-        s.submit(1, threading.Event(), [1, 2, 3], 0, True, False, None)
+        s.submit(1, sch.CancelEvent(s), [1, 2, 3], 0, True, False, None)
     assert 0.3 <= time.monotonic() - start < 5
     s.stop()
     s.join()
@@ -35,7 +35,7 @@ def test_a_step_that_never_fits_fails_with_the_reason(monkeypatch):
 def test_a_cancel_still_leaves_a_waiting_step_at_once(monkeypatch):
     monkeypatch.setattr(sch, "NO_ROOM_S", 60.0)
     s = _scheduler(held=2048)
-    cancel = threading.Event()
+    cancel = sch.CancelEvent(s)
     threading.Timer(0.2, cancel.set).start()
     start = time.monotonic()
     with pytest.raises(sch.Cancelled):
@@ -79,7 +79,7 @@ def test_a_batch_waits_for_every_sequence_it_answered_not_for_a_timer():
 
     def sequence(seq: int, steps: int) -> None:
         for _ in range(steps):
-            s.submit(seq, threading.Event(), [1], 0, True, False, None)
+            s.submit(seq, sch.CancelEvent(s), [1], 0, True, False, None)
             time.sleep(0.01 * seq)  # sampling, scoring: not the same for each
         s.forget(seq)  # done: closed
 
@@ -102,7 +102,7 @@ def test_the_time_decodes_wait_for_python_is_counted():
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
     s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
     for step in range(4):
-        s.submit(1, threading.Event(), [1], step, True, False, None)
+        s.submit(1, sch.CancelEvent(s), [1], step, True, False, None)
         time.sleep(0.05)  # this sequence's work between its steps
     s.forget(1)
     time.sleep(0.2)  # resting: no decode waits for it
@@ -180,7 +180,7 @@ def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
     assert steps[0].pick_error is None and steps[2].pick_error is None
     assert len(ctx.batches) == 1
     # through submit: the step waits for its batch and returns what it picked
-    got = s.submit(4, threading.Event(), [10], 0, False, False, None, argmax)
+    got = s.submit(4, sch.CancelEvent(s), [10], 0, False, False, None, argmax)
     assert got.picked == 11 and got.out is None
     s.stop()
     s.join()
@@ -188,9 +188,8 @@ def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
 
 def test_a_slots_cancel_answers_its_queued_step_without_polling(monkeypatch):
     """Issue 37: a pooled sequence's thread sleeps until its step is answered (no look
-    at its cancel every ``POLL_S``, which woke 8 threads during every decode); setting
-    its cancel answers a step still waiting for a batch at once."""
-    monkeypatch.setattr(sch, "POLL_S", 600.0)  # a poll would not come within the test
+    at its cancel every 50 ms, which woke 8 threads during every decode); setting its
+    cancel answers a step still waiting for a batch at once."""
     monkeypatch.setattr(sch, "NO_ROOM_S", 600.0)
     ctx = _RecordingContext()
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
@@ -225,7 +224,6 @@ def test_a_cancel_answers_its_own_step_not_another_requests_on_the_same_sequence
     """A sequence id goes to the next request once one ends; the old request's cancel,
     set late (a client that left as its answer ended), must not cancel the new one's
     step. A cancel set while its step ran and found no free cells ends it then."""
-    monkeypatch.setattr(sch, "POLL_S", 600.0)
     monkeypatch.setattr(sch, "NO_ROOM_S", 600.0)
     ctx = _RecordingContext()
     shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
@@ -251,7 +249,7 @@ def test_a_cancel_answers_its_own_step_not_another_requests_on_the_same_sequence
     s.stop()
     s.join()
     # no free cells for a batch it was in, its caller cancelled meanwhile: not tried again
-    gone, kept = sch.CancelEvent(s), threading.Event()
+    gone, kept = sch.CancelEvent(s), sch.CancelEvent(s)
     steps = [sch._Step(2, [5], 0, True, False, None, 0, cancel=gone),
              sch._Step(3, [6], 0, True, False, None, 1, cancel=kept)]  # fmt: skip
     gone.set()
