@@ -1,5 +1,6 @@
 """The only ctypes code of kvtrim's own: reading ggml tensors inside llama.cpp's
-eval callback, and the callback types llama.cpp calls back into.
+eval callback, the callback types llama.cpp calls back into, and the abort flag
+it reads without Python.
 
 Offsets follow ``struct ggml_tensor`` in ggml.h on 64-bit platforms: ``type``
 (int32) at 0, the buffer pointer at 8, ``ne[4]`` (int64 elements) at 16, ``nb[4]``
@@ -169,13 +170,41 @@ def make_eval_callback(fn: EvalCallback) -> llama_cpp.ggml_backend_sched_eval_ca
     return llama_cpp.ggml_backend_sched_eval_callback(fn)
 
 
-def make_abort_callback(should_abort: Callable[[], bool]) -> llama_cpp.ggml_abort_callback:
-    """Wrap ``should_abort`` as llama.cpp's abort callback (true stops the compute)."""
+_base.ggml_is_empty.argtypes = [ctypes.c_void_p]
+_base.ggml_is_empty.restype = ctypes.c_bool
+_HEADER_BYTES = 512  # more than a ggml_tensor (336 bytes); only ``ne`` is read
 
-    def trampoline(_data: int | None) -> bool:
-        return should_abort()
 
-    return llama_cpp.ggml_abort_callback(trampoline)
+class AbortFlag:
+    """A stop llama.cpp can look at without calling into Python.
+
+    llama.cpp asks its abort callback after every graph node (about 450 times a
+    decode of Gemma 3 270M). A Python callback must take the GIL each time, and
+    while another Python thread runs the decode waits for it: a 256-token decode
+    took 2.16 s instead of 1.17 s beside a busy Python thread (issue 37). Here
+    the callback is ggml's own ``ggml_is_empty`` (C, no GIL) and its data a tensor
+    header that only this flag writes: ``ne`` all 1 (not empty: go on), or
+    ``ne[0]`` 0 once raised (empty: stop).
+    """
+
+    callback = llama_cpp.ggml_abort_callback(
+        ctypes.cast(_base.ggml_is_empty, ctypes.c_void_p).value
+    )
+
+    def __init__(self) -> None:
+        self._header = ctypes.create_string_buffer(_HEADER_BYTES)
+        self._ne = (ctypes.c_int64 * 4).from_buffer(self._header, _NE_OFFSET)
+        self._ne[:] = (1, 1, 1, 1)
+        self.data = ctypes.c_void_p(ctypes.addressof(self._header))
+        """``abort_callback_data``: keep this flag alive as long as the context."""
+
+    def put(self, stop: bool) -> None:
+        """Raise (``stop``) or lower the flag; a running decode stops at its next node."""
+        self._ne[0] = 0 if stop else 1
+
+    @property
+    def raised(self) -> bool:
+        return bool(_base.ggml_is_empty(self.data))
 
 
 def make_log_callback(sink: Callable[[int, str], None]) -> llama_cpp.llama_log_callback:

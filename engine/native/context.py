@@ -25,8 +25,24 @@ from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
 
 SEQ = 0
-ABORT_FROM_TOKENS = 8  # decodes of more tokens than this can be stopped inside llama.cpp
-_NO_ABORT = llama_cpp.ggml_abort_callback(0)  # a NULL callback
+
+
+class AbortEvent(threading.Event):
+    """A context's cancel: once set, a decode is refused before it starts, and one
+    that runs stops at its next graph node (llama.cpp reads the ``flag`` in C)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flag = _ggml.AbortFlag()
+
+    def set(self) -> None:
+        super().set()
+        self.flag.put(True)
+
+    def clear(self) -> None:
+        self.flag.put(False)
+        super().clear()
+
 
 Pick = Callable[[np.ndarray], int]
 """Chooses the next token from a row of logits (float32, n_vocab) where llama.cpp
@@ -54,11 +70,11 @@ def _context_params(
     n_seq_max: int,
     kv_unified: bool,
     capture: Capture | None,
-    abort_callback: llama_cpp.ggml_abort_callback,
+    abort: _ggml.AbortFlag,
     n_ubatch: int,
 ) -> llama_cpp.llama_context_params:
     """llama.cpp's context parameters for these settings; the caller keeps
-    ``abort_callback`` (and ``capture``'s callback) alive as long as the context."""
+    ``abort`` (and ``capture``'s callback) alive as long as the context."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
@@ -83,8 +99,8 @@ def _context_params(
         # capture reads attention with it on (the fused node's inputs) or off
         params.cb_eval = capture.c_callback
         params.cb_eval_user_data = None
-    params.abort_callback = abort_callback
-    params.abort_callback_data = None
+    params.abort_callback = abort.callback
+    params.abort_callback_data = abort.data
     return params
 
 
@@ -117,7 +133,7 @@ class NativeContext:
         swa_full: bool = False,
         type_k: int = KV_TYPES["f16"],
         type_v: int = KV_TYPES["f16"],
-        cancel_event: threading.Event | None = None,
+        cancel_event: AbortEvent | None = None,
         n_seq_max: int = 1,
         kv_unified: bool = True,
         n_ubatch: int | None = None,
@@ -130,7 +146,7 @@ class NativeContext:
         n_ubatch = min(n_ubatch or n_batch, n_batch)
         one_blas_thread()
         self.model = model
-        self.cancel_event = cancel_event or threading.Event()
+        self.cancel_event = cancel_event or AbortEvent()
         self.settings = {
             "n_batch": n_batch,
             "n_threads": n_threads,
@@ -147,11 +163,9 @@ class NativeContext:
         self.n_seq_max = n_seq_max
         self.capture = capture
         self.attention = capture  # the capture a context resized with it gets back
-        self._abort_cb = _ggml.make_abort_callback(self.cancel_event.is_set)
         native = {k: v for k, v in self.settings.items() if k != "cancel_event"}
-        params = _context_params(n_ctx, abort_callback=self._abort_cb, **native)  # type: ignore[arg-type]
+        params = _context_params(n_ctx, abort=self.cancel_event.flag, **native)  # type: ignore[arg-type]
         self._ctx = _open(model, params, n_ctx)
-        self._abort_on = True
         self.n_ctx = self._ctx.n_ctx()
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self.kv_unified = kv_unified
@@ -238,7 +252,6 @@ class NativeContext:
             b.logits[i] = out
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
-        self._watch_abort(n > ABORT_FROM_TOKENS)
         armed = bool(segments or ubatches)
         got: list[Captured] = []
         if armed:
@@ -263,16 +276,6 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
-
-    def _watch_abort(self, on: bool) -> None:
-        """llama.cpp asks the abort callback between graph nodes (about 450 times a
-        decode of this model, a Python call each); a one-token step is over in
-        milliseconds and a cancel is checked before it, so only longer decodes (a
-        prefill chunk: seconds) carry the callback."""
-        if on != self._abort_on:
-            cb = self._abort_cb if on else _NO_ABORT
-            llama_cpp.llama_set_abort_callback(self._ctx.ctx, cb, None)
-            self._abort_on = on
 
     def busy(self) -> contextlib.AbstractContextManager[object]:
         """Held around a session's CPU work between decodes; alone, nothing to share."""

@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.bench.texts import window  # noqa: E402
-from engine.native import context as native  # noqa: E402
 from engine.native.capture import Segment  # noqa: E402
 from engine.native.context import NativeContext  # noqa: E402
 from engine.native.model import Model  # noqa: E402
@@ -90,7 +89,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args()
-    native.ABORT_FROM_TOKENS = 10**9  # no abort callback: the same in every variant
     model = Model()
     capture = needs_of().capture(model.info)
     texts = [window(i * 1500 + 11, 1400) for i in range(40)]

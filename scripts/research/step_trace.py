@@ -3,7 +3,8 @@ source trees' ``kvtrim serve`` (a commit and its parent, as git worktrees) alter
 8 clients sending 32 distinct ~160-token completions of 32 tokens with ``ignore_eos``
 after a 3-request warm-up; the server runs with timers wrapped around the scheduler's
 decodes, the sequences' submits, the read-out of each step's logits and the sampler.
-Each server start prints, over its answer-only steps (one token per sequence): the
+Each server start prints what a token of the rounds that read prompts cost, and
+over its answer-only steps (one token per sequence): the
 step's decode (read-out included), the time from its end to the next decode's start
 (the sequences' Python), how long a sequence took to come back, per row the read-out
 of its logits and the sampler, and the CPU time a request thread spent waiting in
@@ -121,7 +122,10 @@ def _report(rec: dict[str, Any]) -> str:
         return f"{1e3 * total / max(n, 1):.3f}"
 
     cpu_in, between = rec["cpu_in"], rec["cpu_between"]
+    prompts = [(t1 - t0, n) for t0, t1, seqs, n in runs if n != len(seqs)]
+    per_token = 1e3 * sum(s for s, _ in prompts) / max(sum(n for _, n in prompts), 1)
     return (
+        f"{len(prompts)} rounds with prompts, {per_token:.3f} ms a token; "
         f"{len(decode)} answer steps, ms: decode {ms(decode)}, end to next decode {ms(owed)}, "
         f"a sequence back {ms(back)}; per row: read-out {per('read')}, sampler {per('sample')}; "
         f"a request thread's CPU a step, ms: waiting in submit {1e3 * statistics.mean(cpu_in):.3f}"
