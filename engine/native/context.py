@@ -29,19 +29,23 @@ SEQ = 0
 
 class AbortEvent(threading.Event):
     """A context's cancel: once set, a decode is refused before it starts, and one
-    that runs stops at its next graph node (llama.cpp reads the ``flag`` in C)."""
+    that runs stops at its next graph node (llama.cpp reads the ``flag`` in C). A
+    set and a clear from two threads leave the flag as the event (one lock)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flag = _ggml.AbortFlag()
+        self._lock = threading.Lock()
 
     def set(self) -> None:
-        super().set()
-        self.flag.put(True)
+        with self._lock:
+            super().set()
+            self.flag.put(True)
 
     def clear(self) -> None:
-        self.flag.put(False)
-        super().clear()
+        with self._lock:
+            super().clear()
+            self.flag.put(False)
 
 
 Pick = Callable[[np.ndarray], int]

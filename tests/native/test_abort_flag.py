@@ -39,9 +39,9 @@ def test_the_callback_is_ggml_code_not_a_python_function():
     assert called == ctypes.cast(_ggml._base.ggml_is_empty, ctypes.c_void_p).value
 
 
-def _context(engine, **extra) -> NativeContext:
+def _context(engine) -> NativeContext:
     return NativeContext(engine.model, n_ctx=512, n_batch=64, n_threads=default_threads(),
-                         capture=None, **extra)  # fmt: skip
+                         capture=None)  # fmt: skip
 
 
 @pytest.mark.slow
