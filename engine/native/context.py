@@ -25,17 +25,20 @@ from .kvmemory import KV_TYPES, swa_cells
 from .model import Model, decoding
 
 SEQ = 0
+PYTHON_ABORT_FROM = 8  # on the main thread, decodes of more tokens ask Python (Ctrl+C)
+_NO_ABORT = llama_cpp.ggml_abort_callback(0)  # a NULL callback
 
 
 class AbortEvent(threading.Event):
     """A context's cancel: once set, a decode is refused before it starts, and one
     that runs stops at its next graph node (llama.cpp reads the ``flag`` in C). A
-    set and a clear from two threads leave the flag as the event (one lock)."""
+    set and a clear from two threads leave the flag as the event (one lock, which a
+    Ctrl+C handler that interrupts ``clear`` on the same thread may take again)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flag = _ggml.AbortFlag()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def set(self) -> None:
         with self._lock:
@@ -179,6 +182,14 @@ class NativeContext:
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = model.info.n_vocab
         self._picked: int | None = None
+        self._shift_pending = False  # llama.cpp applies a seq_shift at the next decode
+        self._abort = "flag"  # what llama.cpp asks between graph nodes (``_choose_abort``)
+        python = llama_cpp.ggml_abort_callback(lambda _data: self.cancel_event.is_set())
+        self._aborts = {
+            "none": (_NO_ABORT, None),
+            "python": (python, None),
+            "flag": (_ggml.AbortFlag.callback, self.cancel_event.flag.data),
+        }
         self._pick_error: Exception | None = None
 
     def _swa_cells(self, swa_full: bool) -> int:
@@ -256,6 +267,7 @@ class NativeContext:
             b.logits[i] = out
         if self.cancel_event.is_set():
             raise Cancelled("cancelled")
+        self._choose_abort(n)
         armed = bool(segments or ubatches)
         got: list[Captured] = []
         if armed:
@@ -270,6 +282,7 @@ class NativeContext:
         if armed and self.capture is not None:
             got = self.capture.take() if rc == 0 else self.capture.disarm()
         if rc == 0:
+            self._shift_pending = False
             return got
         if rc == 2:
             raise Cancelled("cancelled")
@@ -280,6 +293,22 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
+
+    def _choose_abort(self, n: int) -> None:
+        """What llama.cpp asks between graph nodes in this decode: nothing while a
+        shift is pending (its graph rotates keys in place and, stopped halfway, would
+        be applied again whole: corrupt keys); on the main thread, for a decode of
+        more than ``PYTHON_ABORT_FROM`` tokens, a Python callback, since Python runs a
+        Ctrl+C handler only there and between bytecodes; else the flag, in C."""
+        if self._shift_pending:
+            want = "none"
+        elif n > PYTHON_ABORT_FROM and threading.current_thread() is threading.main_thread():
+            want = "python"
+        else:
+            want = "flag"
+        if want != self._abort:
+            llama_cpp.llama_set_abort_callback(self._ctx.ctx, *self._aborts[want])
+            self._abort = want
 
     def busy(self) -> contextlib.AbstractContextManager[object]:
         """Held around a session's CPU work between decodes; alone, nothing to share."""
@@ -333,6 +362,7 @@ class NativeContext:
         """Add ``delta`` to positions in ``[p0, p1)``; RoPE is re-applied later."""
         self._check_seq(seq)
         self._ctx.kv_cache_seq_shift(seq, p0, p1, delta)
+        self._shift_pending = True
 
     def pos_max(self, seq: int = SEQ) -> int:
         self._check_seq(seq)

@@ -6,8 +6,13 @@ resized context keeping it."""
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
+import threading
+import time
 
 import pytest
+from helpers.docs_for_tests import prose
 
 from engine import Cancelled
 from engine.native import _ggml
@@ -69,3 +74,44 @@ def test_a_resized_context_obeys_the_same_cancel(engine):
     token = engine.model.tokenize("Tuesday", add_bos=True)[0]
     with pytest.raises(Cancelled):
         bigger.decode_batch([(0, token, 0, True)])
+
+
+@pytest.mark.slow
+def test_a_pending_shift_is_applied_whole_even_when_the_flag_is_raised(engine):
+    """llama.cpp applies a shift at the next decode by rotating keys in place; stopped
+    halfway it would rotate some layers again at the decode after. So a decode that
+    carries a shift cannot be stopped, and the one after it can."""
+    ctx = _context(engine)
+    tokens = engine.model.tokenize("The kettle was sold on a Tuesday in May.", add_bos=True)
+    ctx.decode_batch([(0, t, i, False) for i, t in enumerate(tokens)])
+    ctx.seq_rm(1, 3)
+    ctx.seq_shift(3, -1, -2)
+    ctx.cancel_event.flag.put(True)  # behind the event's back, as a Stop landing mid-decode
+    n = len(tokens) - 2
+    ctx.decode_batch([(0, tokens[-1], n, True)])  # carries the shift: runs whole
+    with pytest.raises(Cancelled):
+        ctx.decode_batch([(0, tokens[-1], n + 1, True)])
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_main_thread_stops_a_long_decode_inside_llama_cpp(engine):
+    """Python runs a signal handler only on the main thread, between bytecodes: a long
+    decode there asks a Python callback, so a Ctrl+C stops it where it is."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach only the main thread")
+    ctx = NativeContext(engine.model, n_ctx=1024, n_batch=512, n_threads=default_threads(),
+                        capture=None)  # fmt: skip
+    tokens = engine.model.tokenize(prose(600, seed=5), add_bos=True)[:400]
+    entries = [(0, t, i, i == len(tokens) - 1) for i, t in enumerate(tokens)]
+    previous = signal.signal(signal.SIGINT, lambda *_: ctx.cancel_event.set())
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        start = time.perf_counter()
+        with pytest.raises(Cancelled):
+            ctx.decode_batch(entries)
+        assert ctx.pos_max() < len(tokens) - 1  # stopped inside: not every token is in
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert time.perf_counter() - start < 5
