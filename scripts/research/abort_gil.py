@@ -1,7 +1,9 @@
 """What a Python abort callback costs a decode while another Python thread runs
 (issue 37): one 256-token prompt read into a context whose abort is asked of
 Python (a ctypes callback, as kvtrim's was) or of ggml in C (``_ggml.AbortFlag``),
-alone and beside a thread busy in Python, alternating in one process.
+alone and beside a thread busy in Python, alternating in one process. The reads run
+on a worker thread, as the app's and the server's do (on the main thread kvtrim asks
+Python for long decodes, so that Ctrl+C can stop them).
 
     .venv/bin/python scripts/research/abort_gil.py --rounds 5
 
@@ -15,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import llama_cpp
@@ -68,12 +71,14 @@ def main() -> None:
     callback = llama_cpp.ggml_abort_callback(lambda _data: py.cancel_event.is_set())
     llama_cpp.llama_set_abort_callback(py._ctx.ctx, callback, None)
     busy = Busy()
+    worker = ThreadPoolExecutor(1)
     times: dict[tuple[bool, str], list[float]] = {}
     for _ in range(args.rounds):
         for beside in (False, True):
             (busy.on.set if beside else busy.on.clear)()
             for name, ctx in contexts.items():
-                times.setdefault((beside, name), []).append(_read(ctx, tokens))
+                took = worker.submit(_read, ctx, tokens).result()
+                times.setdefault((beside, name), []).append(took)
     busy.on.clear()
     for (beside, name), ts in times.items():
         kept = ts[1:] or ts
