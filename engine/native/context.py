@@ -183,13 +183,7 @@ class NativeContext:
         self.n_vocab = model.info.n_vocab
         self._picked: int | None = None
         self._shift_pending = False  # llama.cpp applies a seq_shift at the next decode
-        self._abort = "flag"  # what llama.cpp asks between graph nodes (``_choose_abort``)
-        python = llama_cpp.ggml_abort_callback(lambda _data: self.cancel_event.is_set())
-        self._aborts = {
-            "none": (_NO_ABORT, None),
-            "python": (python, None),
-            "flag": (_ggml.AbortFlag.callback, self.cancel_event.flag.data),
-        }
+        self._abort, self._aborts = "flag", self._abort_choices()
         self._pick_error: Exception | None = None
 
     def _swa_cells(self, swa_full: bool) -> int:
@@ -293,6 +287,16 @@ class NativeContext:
                 "llama.cpp ran out of memory while decoding; try a smaller budget"
             )
         raise EngineError(f"llama_decode failed with code {rc}")
+
+    def _abort_choices(self) -> dict[str, tuple[object, object]]:
+        """What ``_choose_abort`` may set as llama.cpp's abort callback and its data
+        (kept alive as long as the context); the context starts with the flag."""
+        python = llama_cpp.ggml_abort_callback(lambda _data: self.cancel_event.is_set())
+        return {
+            "none": (_NO_ABORT, None),
+            "python": (python, None),
+            "flag": (_ggml.AbortFlag.callback, self.cancel_event.flag.data),
+        }
 
     def _choose_abort(self, n: int) -> None:
         """What llama.cpp asks between graph nodes in this decode: nothing while a
