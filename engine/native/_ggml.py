@@ -182,10 +182,9 @@ class AbortFlag:
     decode of Gemma 3 270M). A Python callback must take the GIL each time, and
     while another Python thread runs the decode waits for it: beside a busy Python
     thread a 256-token read took 2.06 s with one, 0.85 s with this flag
-    (``scripts/research/abort_gil.py``, issue 37). Here
-    the callback is ggml's own ``ggml_is_empty`` (C, no GIL) and its data a tensor
-    header that only this flag writes: ``ne`` all 1 (not empty: go on), or
-    ``ne[0]`` 0 once raised (empty: stop).
+    (``scripts/research/abort_gil.py``, issue 37). Here the callback is ggml's own
+    ``ggml_is_empty`` (C, no GIL) and its data a tensor header that only this flag
+    writes: ``ne`` all 1 (not empty: go on), or ``ne[0]`` 0 once raised (empty: stop).
     """
 
     callback = llama_cpp.ggml_abort_callback(

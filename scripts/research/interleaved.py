@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from pool_ab import passages as pool_ab_passages  # noqa: E402
+
 from engine import Engine  # noqa: E402
 from engine.bench import peer_client as pc  # noqa: E402
 from engine.bench.peer_servers import (  # noqa: E402
@@ -40,7 +42,6 @@ from engine.bench.peer_servers import (  # noqa: E402
     peer_argv,
 )
 from engine.bench.tasks import real_text  # noqa: E402
-from engine.bench.texts import window  # noqa: E402
 from engine.native.embedded import default_model_path  # noqa: E402
 
 PER_PHASE = 16
@@ -61,7 +62,7 @@ def sign_interval(ratios: list[float], level: float = 0.95) -> tuple[float, floa
 
 def passages(kind: str, model: str, count: int) -> list[str]:
     if kind == "window":
-        return [window(20_000 * i + 7, 700) + "\n\nIn short," for i in range(count)]
+        return pool_ab_passages(count)
     with Engine(model, n_threads=2) as engine:
         return [real_text(engine, 160, 3_000 + 5_000 * i) for i in range(count)]
 

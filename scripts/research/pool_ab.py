@@ -54,6 +54,12 @@ def start_server(options: list[str], root: Path = ROOT) -> tuple[subprocess.Pope
     return server, url
 
 
+def passages(count: int, chars: int = 700) -> list[str]:
+    """``count`` distinct passages of the corpus, each ``chars`` characters (700: about
+    160 tokens) ending "In short,": the research scripts' prompts."""
+    return [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(count)]
+
+
 def wait_ready(url: str) -> None:
     """Until the server at ``url`` answers /health (at most about 2 minutes)."""
     for _ in range(600):
@@ -101,7 +107,7 @@ def run(
     """One server start: requests/s and the pool's figures, as one line."""
     server, url = start_server(["--parallel", str(parallel), *extra])
     try:
-        prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(n + 3)]
+        prompts = passages(n + 3, chars)
         _send(url, prompts[n:], clients, out, stream, ignore_eos)  # warm-up
         start = time.perf_counter()
         tokens = _send(url, prompts[:n], clients, out, stream, ignore_eos)

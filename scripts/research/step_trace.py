@@ -134,7 +134,7 @@ def _report(rec: dict[str, Any]) -> str:
 
 
 def _one(tree: Path, stream: bool, requests: int) -> str:
-    from pool_ab import _port, _send, wait_ready
+    from pool_ab import _port, _send, passages, wait_ready
 
     port = _port()
     out = Path(tempfile.mkdtemp()) / "trace.json"
@@ -147,10 +147,8 @@ def _one(tree: Path, stream: bool, requests: int) -> str:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        from engine.bench.texts import window
-
         wait_ready(url)
-        prompts = [window(20_000 * i + 7, 700) + "\n\nIn short," for i in range(requests + 3)]
+        prompts = passages(requests + 3)
         _send(url, prompts[requests:], 8, 32, stream, True)  # warm-up
         start = time.perf_counter()
         _send(url, prompts[:requests], 8, 32, stream, True)

@@ -29,9 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pool_ab import start_server  # noqa: E402
-
-from engine.bench.texts import window  # noqa: E402
+from pool_ab import passages, start_server  # noqa: E402
 
 
 def _one(url: str, prompt: str, options: dict[str, Any]) -> tuple[float, float]:
@@ -53,7 +51,7 @@ def run(root: Path, clients: int, chars: int, options: dict[str, Any], extra: li
     ``options``: its figures as one line."""
     server, url = start_server(["--parallel", str(clients), *extra], root)
     try:
-        prompts = [window(20_000 * i + 7, chars) + "\n\nIn short," for i in range(19)]
+        prompts = passages(19, chars)
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(lambda p: _one(url, p, options), prompts[16:]))  # warm-up
             start = time.perf_counter()
