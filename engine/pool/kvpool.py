@@ -126,6 +126,7 @@ class KVPool:
         self._shared = SharedContext(self.ctx, cache)
         self._cond = threading.Condition()  # admission: free ids and shares
         self._free = list(range(max_seqs))
+        self._expected: set[object] = set()  # requests on their way (``expect``)
         self._slots: dict[int, Slot] = {}
         self.peak_seqs = 0
         self.reclaim: Callable[[], bool] | None = None
@@ -149,6 +150,29 @@ class KVPool:
 
     # -- admission --------------------------------------------------------
 
+    def expect(self) -> object | None:
+        """A request on its way here (a server holds it, its prompt is not queued
+        yet): rounds wait for it, as for a sequence owed back, while a sequence is free
+        for it, so prompts that arrive together are read together. The key to hand to
+        ``acquire`` (None: no sequence is free for it, nothing waits); ``unexpect``
+        it where the request ends before that."""
+        with self._cond:
+            if len(self._expected) >= len(self._free):
+                return None
+            key = object()
+            self._expected.add(key)
+        self.scheduler.expect(key)
+        return key
+
+    def unexpect(self, key: object | None) -> None:
+        """The expected request ``key`` will not ask for a sequence now (it failed,
+        its client left, or it waits for room that only rounds make); idempotent."""
+        with self._cond:
+            if key not in self._expected:
+                return
+            self._expected.discard(key)
+        self.scheduler.forget(key)
+
     def acquire(
         self,
         want: int,
@@ -157,12 +181,15 @@ class KVPool:
         evicts: bool = True,
         cancel: threading.Event | None = None,
         label: str = "",
+        arrival: object | None = None,
     ) -> Slot:
         """A sequence wanting ``want`` cells, admitted once every share stays at
         ``least`` or more (``MIN_SHARE`` for the running ones); the running ones'
         shares shrink to make room (each evicts down to its new share at its next
-        step). Waits for a free id and room, or raises ``Cancelled``."""
+        step). Waits for a free id and room, or raises ``Cancelled``. ``arrival``:
+        the request's ``expect`` key, whose wait passes to the new sequence."""
         if self.rule.never_fits(least, evicts):
+            self.unexpect(arrival)
             raise ContextOverflowError(
                 f"the request needs {least} KV cells; the pool gives at most {self.rule.most}"
             )
@@ -173,8 +200,15 @@ class KVPool:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("cancelled while waiting for KV memory")
                 slot = self._admit(want, least, evicts, label)
-                if slot is not None:
-                    return slot
+                handed = slot is not None and arrival in self._expected
+                self._expected.discard(arrival)
+            if handed:
+                self.scheduler.arrived(arrival, slot.seq)  # type: ignore[union-attr]
+            elif arrival is not None:
+                self.scheduler.forget(arrival)  # no room: rounds make it, none waits
+            arrival = None
+            if slot is not None:
+                return slot
             # no room: sequences kept idle for their text (the server's) go first
             if self.reclaim is None or not self.reclaim():
                 with self._cond:
@@ -212,15 +246,18 @@ class KVPool:
         *,
         cancel: threading.Event | None = None,
         label: str = "",
+        arrival: object | None = None,
     ) -> Session:
         """A ``Session`` in a new sequence, for a job of ``n_tokens`` (prompt and
         answer). It wants the job whole when that fits a session's capacity, else
         ``budget + chunk`` and the question's room (``shares.job_wants``); the
         budget follows the share (``Session.budget``), the chunk is at most a fifth
-        of the share."""
+        of the share; ``arrival``: the request's ``expect`` key."""
         whole = config.budget_tokens + config.chunk()
         want, least = job_wants(n_tokens, whole, policy.evicts)
-        slot = self.acquire(want, least, evicts=policy.evicts, cancel=cancel, label=label)
+        slot = self.acquire(
+            want, least, evicts=policy.evicts, cancel=cancel, label=label, arrival=arrival
+        )
         try:
             if policy.evicts and slot.n_ctx < want:
                 config = replace(config, chunk_tokens=chunk_in_share(slot.n_ctx, config.chunk()))

@@ -13,8 +13,10 @@ llama.cpp left it (no copy of the vocabulary's logits); the sequences a batch
 answered are owed back (each takes its token, or evicts, under the CPU lock that
 no decode runs beside, then asks again), and the next
 batch waits until every one of them has asked again or left (closed, parked, or
-stopped reading: ``forget``), so a batch is as large as the running sequences make
-it, as llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
+stopped reading: ``forget``), and for the requests the server already holds whose
+sequence has not asked yet (``expect``: however long the server takes to parse each),
+so a batch is as large as the running and arriving sequences make it, as
+llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
 llama-server's default), which llama.cpp computes in ubatches of ``n_ubatch`` (a
 step's most), so a wave of prompts that arrive together is read in one decode and
 their answers stay in step. One bound keeps a sequence that stalls outside kvtrim (a
@@ -29,7 +31,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,7 +221,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._pending: list[_Step] = []
         self._order = itertools.count()
-        self._owed: dict[int, float] = {}  # sequences a batch answered, not back yet: since
+        # sequences a batch answered, not back yet, and expected requests: since when
+        self._owed: dict[Hashable, float] = {}
         self._stall = False
         self._split_next = False
         self._no_room_since: float | None = None  # when the first batch found no room
@@ -278,10 +281,26 @@ class Scheduler:
                 step.error = Cancelled("cancelled")
                 step.done.set()
 
-    def forget(self, seq: int) -> None:
-        """Sequence ``seq`` ended or rests (closed, parked): no step of it is owed."""
+    def forget(self, key: Hashable) -> None:
+        """Sequence ``key`` ended or rests (closed, parked), or the expected request
+        ``key`` will not come: no step of it is owed."""
         with self._cond:
-            self._owed.pop(seq, None)
+            self._owed.pop(key, None)
+            self._cond.notify_all()
+
+    def expect(self, key: Hashable) -> None:
+        """A request on its way to a new sequence (``KVPool.expect``): the next round
+        waits for it as for a sequence owed back, until ``arrived`` or ``forget``."""
+        with self._cond:
+            self._owed[key] = time.monotonic()
+
+    def arrived(self, key: Hashable, seq: int) -> None:
+        """The expected request ``key`` has sequence ``seq``: rounds wait for its first
+        step now (since the request came, for ``OWED_LIMIT_S``)."""
+        with self._cond:
+            since = self._owed.pop(key, None)
+            if since is not None:
+                self._owed[seq] = since
             self._cond.notify_all()
 
     def stop(self) -> None:

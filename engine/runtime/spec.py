@@ -80,11 +80,24 @@ class RequestSpec(SessionOptions):
         return engine.session(self.policy, options.pop("budget_tokens"), **options)
 
     def open_in(
-        self, engine: Engine, pool: KVPool, n_tokens: int, *, cancel: Any = None, label: str = ""
+        self,
+        engine: Engine,
+        pool: KVPool,
+        n_tokens: int,
+        *,
+        cancel: Any = None,
+        label: str = "",
+        arrival: object | None = None,
     ) -> Session:
-        """A session in a new sequence of ``pool`` for a job of ``n_tokens`` tokens."""
+        """A session in a new sequence of ``pool`` for a job of ``n_tokens`` tokens
+        (``arrival``: the request's ``KVPool.expect`` key)."""
         session = pool.open(
-            self.make_policy(), self.config(engine), n_tokens, cancel=cancel, label=label
+            self.make_policy(),
+            self.config(engine),
+            n_tokens,
+            cancel=cancel,
+            label=label,
+            arrival=arrival,
         )
         assert isinstance(session, Session)
         return session

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..pool.kvpool import ROUND_TOKENS
 from ..runtime.engine import Engine
 from ..stats import Done, Result, Token
 from .api_errors import ApiError, from_engine, from_http, from_validation
@@ -113,6 +114,21 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return answer(from_validation(exc.errors()))
 
 
+def _fits_a_round(req: Parsed) -> bool:
+    """Whether the request's text is at most ``ROUND_TOKENS`` bytes, so its prompt fits
+    one pooled round (a token holds at least a byte) and is parsed in about a
+    millisecond: only such a request holds the rounds while it is on its way. A
+    document larger than a round is read over several rounds anyway, and the others'
+    answers do not wait for its parse."""
+    if isinstance(req, ChatRequest):
+        texts = [m.text() for m in req.messages]
+    else:
+        texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    if sum(len(t) for t in texts) > ROUND_TOKENS:  # characters: no more than bytes
+        return False
+    return sum(len(t.encode("utf-8", "replace")) for t in texts) <= ROUND_TOKENS
+
+
 class _Responder:
     """Runs a job and answers with its result, whole or as server-sent events."""
 
@@ -124,6 +140,15 @@ class _Responder:
             return self.runner.submit(job)
         except (Overloaded, ShuttingDown) as exc:
             raise from_engine(exc) from exc
+
+    async def run(self, request: Request, req: Parsed, build: Callable[[Any], Job]) -> Any:
+        """Build the job off the event loop (tokenizing), then answer it; the pool's
+        rounds expect it from the start where its text fits a round
+        (``EngineRunner.arriving``)."""
+        with self.runner.arriving(_fits_a_round(req)) as arrival:
+            job = await run_in_threadpool(build, req)
+            job.arrival = arrival
+            return await self.respond(request, req, job)
 
     async def respond(self, request: Request, req: Parsed, job: Job) -> Any:
         reply = Reply(isinstance(req, ChatRequest), req.model or self.model_id)
@@ -226,12 +251,10 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        job = await run_in_threadpool(jobs.completion, req)
-        return await responder.respond(request, req, job)
+        return await responder.run(request, req, jobs.completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request) -> Any:
-        job = await run_in_threadpool(jobs.chat, req)
-        return await responder.respond(request, req, job)
+        return await responder.run(request, req, jobs.chat)
 
     return app

@@ -20,6 +20,7 @@ reuse is reported as ``usage.prompt_tokens_details.cached_tokens``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -61,6 +62,7 @@ class Job:
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _session: Session | None = None
     reuse: _Parked | None = None  # the parked sequence this job continues
+    arrival: object | None = None  # its KVPool.expect key (``EngineRunner.arriving``)
 
     def cancel(self) -> None:
         """Stop this job (the client went away); thread-safe."""
@@ -129,6 +131,20 @@ class EngineRunner:
     def waiting(self) -> int:
         """Jobs queued or running."""
         return self._waiting
+
+    @contextlib.contextmanager
+    def arriving(self, expected: bool = True) -> Iterator[object | None]:
+        """A request the server has, from before it is parsed to its answer: with
+        ``expected``, the pool's rounds wait for its first step (``KVPool.expect``) so
+        prompts that arrive together are read together. Yields the key for
+        ``Job.arrival`` (None: nothing waits for it)."""
+        pool = self.pool
+        key = pool.expect() if pool is not None and expected else None
+        try:
+            yield key
+        finally:
+            if pool is not None:
+                pool.unexpect(key)
 
     def submit(self, job: Job) -> Future[Result]:
         with self._lock:
@@ -223,10 +239,16 @@ class EngineRunner:
         if self.pool is not None:
             job.reuse = self._unpark(job)
             if job.reuse is not None:
+                self.pool.unexpect(job.arrival)  # its sequence is parked, not new
                 return job.reuse.session
             n_tokens = len(job.head) + len(job.tail) + job.spec.max_tokens
             return job.spec.open_in(
-                self.engine, self.pool, n_tokens, cancel=job._cancelled, label=job.label
+                self.engine,
+                self.pool,
+                n_tokens,
+                cancel=job._cancelled,
+                label=job.label,
+                arrival=job.arrival,
             )
         key = job.spec.session_key()
         if self._session is None or key != self._key:

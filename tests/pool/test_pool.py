@@ -20,6 +20,7 @@ from helpers.together import run_together
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
 from engine.native.model import log as llama_log
 from engine.policies import Needs, make_policy
+from engine.pool import scheduler as scheduler_module
 from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
 from engine.pool.scheduler import Scheduler
 from engine.session.config import default_threads
@@ -341,6 +342,73 @@ def test_a_sequence_waits_for_cells_and_a_cancel_frees_them(engine):
         again.close()
 
 
+def test_prompts_of_requests_on_their_way_are_read_in_one_decode(engine, monkeypatch):
+    """Issue 37: two requests a server holds (``expect``) have their prompts read in
+    one decode, however late the second asks for its sequence; there is no key for a
+    request no sequence is free for, and one that will not come holds nothing."""
+    monkeypatch.setattr(scheduler_module, "OWED_LIMIT_S", 60.0)  # a hold would show
+    model = engine.model
+    with KVPool(model, cells=1536, max_seqs=2, n_threads=THREADS, needs=Needs()) as p:
+        batches: list[list[int]] = []
+        decode = p.ctx.decode_batch
+
+        def recorded(entries, *args, **kwargs):
+            batches.append(sorted({seq for seq, *_ in entries}))
+            return decode(entries, *args, **kwargs)
+
+        monkeypatch.setattr(p.ctx, "decode_batch", recorded)
+        keys = [p.expect(), p.expect()]
+        assert None not in keys and p.expect() is None  # two sequences, two on the way
+        texts = [model.tokenize(prose(60, seed=seed), add_bos=True) for seed in (5, 6)]
+
+        def read(i: int, key: object) -> None:
+            with p.open(make_policy("streaming"), SessionConfig(512), 200, arrival=key) as s:
+                s.collect(s.run_tokens(texts[i], [3], max_tokens=2))
+
+        first = threading.Thread(target=read, args=(0, keys[0]))
+        first.start()
+        time.sleep(0.3)
+        assert batches == []  # the first prompt waits for the second request
+        second = threading.Thread(target=read, args=(1, keys[1]))
+        second.start()
+        first.join(30)
+        second.join(30)
+        assert batches[0] == [0, 1], batches
+        gone = p.expect()
+        p.unexpect(gone)  # its client left before its prompt was parsed
+        p.unexpect(gone)
+        start = time.monotonic()
+        read(0, p.expect())
+        read(1, None)  # the other key was handed over: nothing waits for it
+        assert time.monotonic() - start < 20  # nothing waited for a key
+
+
+def test_a_request_on_its_way_that_waits_for_room_holds_no_round(engine, monkeypatch):
+    """A request expected by the pool but whose share does not fit yet waits for the
+    running sequences to finish, which takes rounds: it must not hold them."""
+    monkeypatch.setattr(scheduler_module, "OWED_LIMIT_S", 60.0)  # a hold would show
+    model = engine.model
+    with KVPool(model, cells=600, max_seqs=2, n_threads=THREADS, needs=Needs()) as p:
+        first = p.open(make_policy("streaming"), SessionConfig(512), 5000)
+        key = p.expect()
+        got: list[Session] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                p.open(make_policy("streaming"), SessionConfig(512), 5000, arrival=key)
+            )
+        )
+        waiter.start()
+        start = time.monotonic()
+        hello = model.tokenize("Hello", add_bos=True)
+        first.collect(first.run_tokens(hello, [3], max_tokens=4))
+        assert time.monotonic() - start < 20
+        assert not got  # still waiting for room
+        first.close()
+        waiter.join(10)
+        assert got
+        got[0].close()
+
+
 def test_a_bad_sequence_id_is_an_error_not_an_abort(engine, pool):
     with pytest.raises(EngineError, match="outside"):
         pool.ctx.seq_rm(0, -1, seq=pool.max_seqs)
@@ -494,7 +562,7 @@ def test_summarize_parallel_keeps_the_policy_settings(tmp_path):
     opened = []
 
     class _Pool:
-        def open(self, policy, config, n_tokens, *, cancel=None, label=""):
+        def open(self, policy, config, n_tokens, *, cancel=None, label="", arrival=None):
             opened.append(policy)
             raise _Stop
 

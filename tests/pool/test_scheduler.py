@@ -256,3 +256,43 @@ def test_a_cancel_answers_its_own_step_not_another_requests_on_the_same_sequence
     s._no_room(steps, sch.CacheFullError("full"))
     assert isinstance(steps[0].error, sch.Cancelled) and not steps[0].requeue
     assert steps[1].error is None and steps[1].requeue and s._pending == [steps[1]]
+
+
+def test_a_round_waits_for_a_request_on_its_way_until_its_sequence_asks():
+    """Issue 37: a request the server holds whose sequence has not asked yet
+    (``expect``) holds the next round like a sequence owed back, so two prompts that
+    arrive together are read in one decode however long the second takes to parse;
+    handed to its sequence (``arrived``) it holds the round until that sequence's first
+    step; one that will not come (``forget``) holds nothing."""
+    ctx = _RecordingContext()
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0)
+
+    def step(seq: int, tokens: list[int]) -> threading.Thread:
+        args = (seq, threading.Event(), tokens, 0, True, False, None)
+        t = threading.Thread(target=s.submit, args=args)
+        t.start()
+        return t
+
+    s.expect("request")
+    first = step(1, [1, 2, 3])
+    time.sleep(0.2)
+    assert ctx.batches == []  # the first prompt waits for the request on its way
+    s.arrived("request", 2)
+    time.sleep(0.2)
+    assert ctx.batches == []  # now for its sequence's first step
+    second = step(2, [4, 5])
+    first.join(5)
+    second.join(5)
+    assert ctx.batches == [[1, 2]]
+    s.forget(1)
+    s.forget(2)
+    s.expect("gone")
+    third = step(3, [6])
+    time.sleep(0.2)
+    assert ctx.batches == [[1, 2]]
+    s.forget("gone")  # its client left before its prompt was parsed
+    third.join(5)
+    assert ctx.batches == [[1, 2], [3]]
+    s.stop()
+    s.join()

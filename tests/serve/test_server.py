@@ -341,6 +341,31 @@ def test_parked_sequences_give_way_to_new_requests(engine):
             assert out.usage.completion_tokens > 0
 
 
+def test_requests_leave_no_wait_behind_in_the_pool(engine):
+    """Each request is expected by the pool's rounds from its arrival (issue 37:
+    prompts that arrive together are read together); refused, answered or dropped
+    by its client, it leaves nothing for a round to wait for."""
+    config = ServerConfig(policy="snapkv", budget_tokens=256, parallel=2, kv_cells=1024)
+    app = create_app(engine, config)
+    with BackgroundServer(app) as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError, match="unknown kv_policy"):
+            c.completions.create(
+                model="any", prompt="Hello", max_tokens=4, extra_body={"kv_policy": "nope"}
+            )
+        out = c.completions.create(model="any", prompt="Once upon a time", max_tokens=4)
+        assert out.usage.completion_tokens > 0
+        body = {"prompt": prose(80, seed=3), "max_tokens": 64, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            next(r.iter_lines())  # the first event, then the client goes away
+        pool = app.state.runner.pool
+        deadline = time.monotonic() + 30
+        while pool.snapshot()["active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pool._expected
+        assert all(isinstance(key, int) for key in pool.scheduler._owed)
+
+
 def test_ignore_eos_runs_an_answer_to_its_length(server, client):
     """llama-server's and vLLM's ``ignore_eos`` (benchmarks send it so that every
     server writes the same number of tokens): the loop guard and end tokens give way."""
@@ -351,3 +376,21 @@ def test_ignore_eos_runs_an_answer_to_its_length(server, client):
     )
     assert cut.usage.completion_tokens < 40 and cut.choices[0].finish_reason == "stop"
     assert whole.usage.completion_tokens == 40 and whole.choices[0].finish_reason == "length"
+
+
+def test_only_a_request_that_fits_a_round_holds_the_pool_while_it_is_parsed():
+    """A document larger than a round is read over several rounds anyway: the others'
+    answers do not wait for its parse (``ROUND_TOKENS`` bytes of text, by the bytes,
+    not the characters)."""
+    from engine.pool.kvpool import ROUND_TOKENS
+    from engine.serve.api import _fits_a_round
+    from engine.serve.schemas import ChatRequest, CompletionRequest
+
+    def chat(*texts: str) -> ChatRequest:
+        return ChatRequest(messages=[{"role": "user", "content": t} for t in texts])
+
+    assert _fits_a_round(CompletionRequest(prompt="x" * ROUND_TOKENS))
+    assert not _fits_a_round(CompletionRequest(prompt="x" * (ROUND_TOKENS + 1)))
+    assert not _fits_a_round(CompletionRequest(prompt=["x" * ROUND_TOKENS, "y"]))
+    assert _fits_a_round(chat("x" * (ROUND_TOKENS // 2), "y" * (ROUND_TOKENS // 2)))
+    assert not _fits_a_round(chat("\U0001f600" * (ROUND_TOKENS // 2)))  # 4 bytes each
