@@ -1,0 +1,107 @@
+"""llama-server and several ``kvtrim serve`` builds kept up at once, answering phases
+of 16 requests in a turned order (a Latin square and its mirror): each kvtrim's
+requests/s over llama-server's and over the first kvtrim's, by pair, with the median
+and a sign-test interval.
+
+interleaved.py does this for two servers; with more, one run compares a change
+against its parent and both against llama-server on the same minutes of the machine.
+Each ``--kvtrim NAME=TREE[:LAYOUT]`` is a source tree (a git worktree) run with the
+benchmark's command line (``kvtrim_argv``), and ``LAYOUT`` its ``--kv-layout``:
+
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python scripts/research/side_by_side.py --phases 12 \\
+        --kvtrim before=/tmp/before --kvtrim after=. --kvtrim streams=.:streams
+
+The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos``, its client
+(the OpenAI SDK), 8 clients. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from interleaved import PER_PHASE, passages, sign_interval  # noqa: E402
+
+from engine.bench import peer_client as pc  # noqa: E402
+from engine.bench.peer_servers import (  # noqa: E402
+    KVTRIM,
+    PEER,
+    Launch,
+    ServerProcess,
+    kvtrim_argv,
+    peer_argv,
+)
+from engine.native.embedded import default_model_path  # noqa: E402
+
+
+def kvtrim_in(tree: str, model: str, n: int, layout: str) -> Callable[[int], list[str]]:
+    """``kvtrim serve``'s benchmark command line, run from source tree ``tree``."""
+
+    def argv(port: int) -> list[str]:
+        launch = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=layout)
+        line = shlex.join(kvtrim_argv(model, port, 2, launch))
+        return ["bash", "-c", f"cd {shlex.quote(tree)} && exec {line}"]
+
+    return argv
+
+
+def orders(k: int) -> list[list[int]]:
+    """A Latin square of ``k`` servers and its mirror: each server in each place."""
+    return [[(i + j) % k for j in range(k)] for i in range(k)] + [
+        [(i - j) % k for j in range(k)] for i in range(k)
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kvtrim", action="append", required=True, help="NAME=TREE[:LAYOUT]")
+    p.add_argument("--phases", type=int, default=12, help="phases counted (one more warms up)")
+    p.add_argument("--clients", type=int, default=8, help="clients, -np and --parallel")
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
+    args = p.parse_args()
+    model, n = str(default_model_path()), args.clients
+    argv = {PEER: lambda port: peer_argv(args.peer_binary, model, port, 2,
+                                         Launch(PEER, parallel=n, ctx=n * 256))}  # fmt: skip
+    for spec in args.kvtrim:
+        name, _, where = spec.partition("=")
+        tree, _, layout = where.partition(":")
+        argv[name] = kvtrim_in(str(Path(tree).resolve()), model, n, layout or "shared")
+    names = list(argv)
+    rates: dict[str, list[float]] = {x: [] for x in names}
+    texts = passages("bench", model, PER_PHASE * len(names) * (args.phases + 1))
+    turns = orders(len(names))
+    logs = Path(tempfile.mkdtemp())
+    with contextlib.ExitStack() as stack:
+        urls = {x: stack.enter_context(ServerProcess(argv[x], logs / f"{x}.log")) for x in names}
+        at = 0
+        for phase in range(args.phases + 1):
+            for i in turns[phase % len(turns)]:
+                got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, 32, args.stream,
+                              0.0, True)  # fmt: skip
+                at += PER_PHASE
+                if phase:  # the first turn warms every server up
+                    rates[names[i]].append(got["requests_per_s"])
+    for x, rs in rates.items():
+        print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
+    base = names[1]
+    for a, b in [(x, PEER) for x in names[1:]] + [(x, base) for x in names[2:]]:
+        ratios = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
+        low, high, cover = sign_interval(ratios)
+        print(f"{a} / {b}: median {statistics.median(ratios):.3f}, {cover:.1%} interval "
+              f"{low:.3f}-{high:.3f} ({len(ratios)} pairs, {n} clients, "
+              f"{'streaming' if args.stream else 'plain'}, ignore_eos)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
