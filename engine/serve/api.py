@@ -46,6 +46,7 @@ __all__ = ["ApiError", "ServerConfig", "create_app"]
 T = TypeVar("T")
 Parsed = CompletionRequest | ChatRequest
 
+MESSAGE_BYTES = 16  # what a chat message's template adds, counted as bytes of text
 SHUTDOWN_GRACE_S = 5.0  # sse-starlette waits this long for a stream's last event
 
 
@@ -115,18 +116,23 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
 
 def _fits_a_round(req: Parsed) -> bool:
-    """Whether the request's text is at most ``ROUND_TOKENS`` bytes, so its prompt fits
-    one pooled round (a token holds at least a byte) and is parsed in about a
-    millisecond: only such a request holds the rounds while it is on its way. A
-    document larger than a round is read over several rounds anyway, and the others'
-    answers do not wait for its parse."""
+    """Whether the request's text, with ``MESSAGE_BYTES`` for each chat message's (or
+    prompt's) template, is at most ``ROUND_TOKENS`` bytes, so its prompt fits one pooled round
+    (a token holds at least a byte) and is parsed in about a millisecond: only such a
+    request holds the rounds while it is on its way. A document larger than a round
+    is read over several rounds anyway, and the others' answers do not wait for its
+    parse."""
     if isinstance(req, ChatRequest):
-        texts = [m.text() for m in req.messages]
+        parts: list[Any] = req.messages
     else:
-        texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-    if sum(len(t) for t in texts) > ROUND_TOKENS:  # characters: no more than bytes
+        parts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    extra = len(parts) * MESSAGE_BYTES  # each message (or prompt) its template's share
+    if extra > ROUND_TOKENS:
         return False
-    return sum(len(t.encode("utf-8", "replace")) for t in texts) <= ROUND_TOKENS
+    texts = [p.text() for p in parts] if isinstance(req, ChatRequest) else parts
+    if sum(len(t) for t in texts) + extra > ROUND_TOKENS:  # characters: no more than bytes
+        return False
+    return sum(len(t.encode("utf-8", "replace")) for t in texts) + extra <= ROUND_TOKENS
 
 
 class _Responder:
@@ -146,7 +152,10 @@ class _Responder:
         rounds expect it from the start where its text fits a round
         (``EngineRunner.arriving``)."""
         with self.runner.arriving(_fits_a_round(req)) as arrival:
-            job = await run_in_threadpool(build, req)
+            try:
+                job = await run_in_threadpool(build, req)
+            finally:
+                self.runner.built()
             job.arrival = arrival
             return await self.respond(request, req, job)
 

@@ -101,7 +101,8 @@ class Metrics:
         self.pool_owed_s = Gauge(
             "kvtrim_pool_owed_seconds",
             "Seconds the next llama_decode waited for the sequences the last one answered "
-            "(sampling, stop checks, evictions: Python between decodes), in all",
+            "(sampling, stop checks, evictions: Python between decodes) and for short "
+            "requests the server was parsing, in all",
             registry=r,
         )
         labels = ["seq"]

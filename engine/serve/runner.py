@@ -117,6 +117,7 @@ class EngineRunner:
         )
         self._lock = threading.Lock()
         self._waiting = 0
+        self._building = 0  # requests on their way: from the handler to a built job
         self._session: Session | None = None
         self._key: tuple[Any, ...] | None = None
         self._jobs: dict[int, Job] = {}  # queued or running, by id
@@ -134,17 +135,27 @@ class EngineRunner:
 
     @contextlib.contextmanager
     def arriving(self, expected: bool = True) -> Iterator[object | None]:
-        """A request the server has, from before it is parsed to its answer: with
-        ``expected``, the pool's rounds wait for its first step (``KVPool.expect``) so
-        prompts that arrive together are read together. Yields the key for
-        ``Job.arrival`` (None: nothing waits for it)."""
+        """A request the server has, from before it is parsed to its answer (``built``
+        once its job is built): with ``expected``, the pool's rounds wait for its first
+        step (``KVPool.expect``) so prompts that arrive together are read together.
+        Only while every request on its way and every job has an engine thread: one
+        that would wait for a thread (or for others' parsing) holds nothing. Yields the
+        key for ``Job.arrival`` (None: nothing waits for it)."""
         pool = self.pool
-        key = pool.expect() if pool is not None and expected else None
+        with self._lock:
+            self._building += 1
+            free = self._building + self._waiting <= self.parallel
+        key = pool.expect() if pool is not None and expected and free else None
         try:
             yield key
         finally:
             if pool is not None:
                 pool.unexpect(key)
+
+    def built(self) -> None:
+        """A request on its way (``arriving``) has its job built, or failed to."""
+        with self._lock:
+            self._building -= 1
 
     def submit(self, job: Job) -> Future[Result]:
         with self._lock:
@@ -153,9 +164,12 @@ class EngineRunner:
             if self._waiting >= self.max_queue:
                 raise Overloaded(f"{self._waiting} requests are queued; retry later")
             self._waiting += 1
+            queued = self._waiting > self.parallel
             self._jobs[id(job)] = job
             self._count += 1
             job.label = job.label or f"request {self._count}"
+        if queued and self.pool is not None:  # it waits for an engine thread: no round does
+            self.pool.unexpect(job.arrival)
         future = self._executor.submit(self._run, job)
 
         def forget_if_cancelled(done: Future[Result]) -> None:

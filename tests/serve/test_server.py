@@ -381,16 +381,46 @@ def test_ignore_eos_runs_an_answer_to_its_length(server, client):
 def test_only_a_request_that_fits_a_round_holds_the_pool_while_it_is_parsed():
     """A document larger than a round is read over several rounds anyway: the others'
     answers do not wait for its parse (``ROUND_TOKENS`` bytes of text, by the bytes,
-    not the characters)."""
+    not the characters, and ``MESSAGE_BYTES`` for each message's template: a request
+    of many empty messages takes long to render)."""
     from engine.pool.kvpool import ROUND_TOKENS
-    from engine.serve.api import _fits_a_round
+    from engine.serve.api import MESSAGE_BYTES, _fits_a_round
     from engine.serve.schemas import ChatRequest, CompletionRequest
 
-    def chat(*texts: str) -> ChatRequest:
+    def chat(*texts: str | None) -> ChatRequest:
         return ChatRequest(messages=[{"role": "user", "content": t} for t in texts])
 
-    assert _fits_a_round(CompletionRequest(prompt="x" * ROUND_TOKENS))
-    assert not _fits_a_round(CompletionRequest(prompt="x" * (ROUND_TOKENS + 1)))
-    assert not _fits_a_round(CompletionRequest(prompt=["x" * ROUND_TOKENS, "y"]))
-    assert _fits_a_round(chat("x" * (ROUND_TOKENS // 2), "y" * (ROUND_TOKENS // 2)))
-    assert not _fits_a_round(chat("\U0001f600" * (ROUND_TOKENS // 2)))  # 4 bytes each
+    room = ROUND_TOKENS - MESSAGE_BYTES
+    assert _fits_a_round(CompletionRequest(prompt="x" * room))
+    assert not _fits_a_round(CompletionRequest(prompt="x" * (room + 1)))
+    assert not _fits_a_round(CompletionRequest(prompt=["x" * (room - MESSAGE_BYTES), "y"]))
+    assert _fits_a_round(chat("x" * (room // 2 - 8), "y" * (room // 2 - 8)))
+    assert not _fits_a_round(chat("\U0001f600" * (ROUND_TOKENS // 4)))  # 4 bytes each
+    assert not _fits_a_round(chat(*[None] * (ROUND_TOKENS // MESSAGE_BYTES + 1)))
+
+
+def test_a_request_that_would_wait_for_an_engine_thread_holds_no_round(engine):
+    """The pool's rounds wait for a request on its way only while every request on its
+    way and every job has an engine thread; a job that queues for one lets go."""
+    import contextlib
+
+    from engine.serve.runner import EngineRunner, Job
+
+    runner = EngineRunner(engine, parallel=2, kv_cells=1024)
+    pool = runner.pool
+    try:
+        runner._waiting = 1  # one job runs: one engine thread left
+        with runner.arriving() as first:
+            with runner.arriving() as second:  # the pool has a sequence free for it
+                assert first is not None and second is None
+                runner.built()
+            runner.built()
+            runner._waiting = 2  # both engine threads busy: this job queues
+            job = Job(head=[1], tail=[], spec=None, arrival=first)  # type: ignore[arg-type]
+            job.cancel()
+            future = runner.submit(job)
+            assert first not in pool._expected
+            with contextlib.suppress(BaseException):
+                future.result(30)
+    finally:
+        runner.close()
