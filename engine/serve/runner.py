@@ -138,13 +138,14 @@ class EngineRunner:
         """A request the server has, from before it is parsed to its answer (``built``
         once its job is built): with ``expected``, the pool's rounds wait for its first
         step (``KVPool.expect``) so prompts that arrive together are read together.
-        Only while every request on its way and every job has an engine thread: one
-        that would wait for a thread (or for others' parsing) holds nothing. Yields the
-        key for ``Job.arrival`` (None: nothing waits for it)."""
+        Only while no more requests are on their way than engine threads (one that
+        would wait for others' parsing holds nothing), and a job that queues for a
+        thread lets go at ``submit``. Yields the key for ``Job.arrival`` (None: nothing
+        waits for it)."""
         pool = self.pool
         with self._lock:
             self._building += 1
-            free = self._building + self._waiting <= self.parallel
+            free = self._building <= self.parallel
         key = pool.expect() if pool is not None and expected and free else None
         try:
             yield key

@@ -400,8 +400,8 @@ def test_only_a_request_that_fits_a_round_holds_the_pool_while_it_is_parsed():
 
 
 def test_a_request_that_would_wait_for_an_engine_thread_holds_no_round(engine):
-    """The pool's rounds wait for a request on its way only while every request on its
-    way and every job has an engine thread; a job that queues for one lets go."""
+    """The pool's rounds wait for a request on its way only while no more are on their
+    way than engine threads; a job that queues for one lets go."""
     import contextlib
 
     from engine.serve.runner import EngineRunner, Job
@@ -409,11 +409,12 @@ def test_a_request_that_would_wait_for_an_engine_thread_holds_no_round(engine):
     runner = EngineRunner(engine, parallel=2, kv_cells=1024)
     pool = runner.pool
     try:
-        runner._waiting = 1  # one job runs: one engine thread left
         with runner.arriving() as first:
+            runner._building += 1  # a third request on its way: more than the threads
             with runner.arriving() as second:  # the pool has a sequence free for it
                 assert first is not None and second is None
                 runner.built()
+            runner._building -= 1
             runner.built()
             runner._waiting = 2  # both engine threads busy: this job queues
             job = Job(head=[1], tail=[], spec=None, arrival=first)  # type: ignore[arg-type]
