@@ -208,6 +208,14 @@ def _read_out(
         step.captured = Captured(c.visible, c.attn, c.seconds / n_segments, c.keys)
 
 
+def _in_batch_order(steps: list[_Step], layout: str) -> list[_Step]:
+    """A round's steps in batch order (one ``llama_decode``, as llama-server's rounds):
+    as chosen in a shared pool (``split_simple`` cuts ubatches of consecutive rows); by
+    sequence id with a stream each, which llama.cpp splits into equal slices of runs of
+    consecutive ids (native/ubatch.py)."""
+    return steps if layout == "shared" else sorted(steps, key=lambda s: s.seq)
+
+
 class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
@@ -413,15 +421,6 @@ class Scheduler:
             step.taken = True
         return batch
 
-    def _in_batch_order(self, steps: list[_Step]) -> list[_Step]:
-        """The round's steps in batch order (one ``llama_decode``, as llama-server's
-        rounds): as chosen in a shared pool (``split_simple`` cuts ubatches of
-        consecutive rows); by sequence id with a stream each, which llama.cpp splits
-        into equal slices of runs of consecutive ids (native/ubatch.py)."""
-        if self.layout == "shared":
-            return steps
-        return sorted(steps, key=lambda s: s.seq)
-
     # -- one decode -------------------------------------------------------
 
     def _run(self, steps: list[_Step]) -> None:
@@ -429,7 +428,7 @@ class Scheduler:
             self.owed_s += time.perf_counter() - self._owed_since
         for step in steps:
             step.requeue = False
-        self._decode(self._in_batch_order(steps))
+        self._decode(_in_batch_order(steps, self.layout))
         with self._cond:
             self._owed_since = time.perf_counter() if self._owed else None
 
