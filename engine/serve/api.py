@@ -117,11 +117,11 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
 def _fits_a_round(req: Parsed) -> bool:
     """Whether the request's text, with ``MESSAGE_BYTES`` for each chat message's (or
-    prompt's) template, is at most ``ROUND_TOKENS`` bytes, so its prompt fits one pooled round
-    (a token holds at least a byte) and is parsed in about a millisecond: only such a
-    request holds the rounds while it is on its way. A document larger than a round
-    is read over several rounds anyway, and the others' answers do not wait for its
-    parse."""
+    prompt's) template, is at most ``ROUND_TOKENS`` bytes, so its prompt fits one
+    pooled round (a token holds at least a byte) and is parsed in about a millisecond:
+    only such a request holds the rounds while it is on its way. A document larger
+    than a round is read over several rounds anyway, and the others' answers do not
+    wait for its parse."""
     if isinstance(req, ChatRequest):
         parts: list[Any] = req.messages
     else:
