@@ -12,6 +12,10 @@ benchmark's command line (``kvtrim_argv``), and ``LAYOUT`` its ``--kv-layout``:
     .venv/bin/python scripts/research/side_by_side.py --phases 12 \\
         --kvtrim before=/tmp/before --kvtrim after=. --kvtrim streams=.:streams
 
+``--peer-kvu`` keeps a second llama-server up with ``--kv-unified``: one pool of cells
+for all slots, the layout of kvtrim's default ``shared`` pool (llama-server's own
+default with ``-np`` is a stream per slot, as kvtrim's ``streams``).
+
 The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos``, its client
 (the OpenAI SDK), 8 clients. Run it alone on the machine.
 """
@@ -43,6 +47,8 @@ from engine.bench.peer_servers import (  # noqa: E402
 )
 from engine.native.embedded import default_model_path  # noqa: E402
 
+UNIFIED = "llama-kvu"  # llama-server with one pool of cells for all its slots
+
 
 def kvtrim_in(tree: str, model: str, n: int, layout: str) -> Callable[[int], list[str]]:
     """``kvtrim serve``'s benchmark command line, run from source tree ``tree``."""
@@ -69,10 +75,13 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8, help="clients, -np and --parallel")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
+    p.add_argument("--peer-kvu", action="store_true", help="also llama-server --kv-unified")
     args = p.parse_args()
     model, n = str(default_model_path()), args.clients
-    argv = {PEER: lambda port: peer_argv(args.peer_binary, model, port, 2,
-                                         Launch(PEER, parallel=n, ctx=n * 256))}  # fmt: skip
+    launch = Launch(PEER, parallel=n, ctx=n * 256)
+    argv = {PEER: lambda port: peer_argv(args.peer_binary, model, port, 2, launch)}
+    if args.peer_kvu:
+        argv[UNIFIED] = lambda port: [*peer_argv(args.peer_binary, model, port, 2, launch), "-kvu"]
     for spec in args.kvtrim:
         name, _, where = spec.partition("=")
         tree, _, layout = where.partition(":")
@@ -94,8 +103,10 @@ def main() -> None:
                     rates[names[i]].append(got["requests_per_s"])
     for x, rs in rates.items():
         print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
-    base = names[1]
-    for a, b in [(x, PEER) for x in names[1:]] + [(x, base) for x in names[2:]]:
+    kvtrims = [x for x in names if x not in (PEER, UNIFIED)]
+    pairs = [(x, PEER) for x in names[1:]] + [(x, kvtrims[0]) for x in kvtrims[1:]]
+    pairs += [(x, UNIFIED) for x in kvtrims if UNIFIED in names]
+    for a, b in pairs:
         ratios = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
         low, high, cover = sign_interval(ratios)
         print(f"{a} / {b}: median {statistics.median(ratios):.3f}, {cover:.1%} interval "

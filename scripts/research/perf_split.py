@@ -1,0 +1,155 @@
+"""Where each server's CPU goes, by function: llama-server and one ``kvtrim serve`` kept
+up at once, phases of 16 requests in turn, each phase recorded by ``perf`` (the
+``cpu-clock`` software event, every CPU) and split by function for that server's
+process only; prints samples a phase for each server and the functions that differ
+most.
+
+kvtrim loads the llama.cpp libraries llama-server was built with
+(``LLAMA_CPP_LIB_PATH``): pip strips its own, so their functions would have no
+names, and the same libraries on both sides leave only what each server asks of
+them. Both servers keep both cores busy, so samples a phase stand for its wall time
+(997 a second a core). Needs ``perf`` (``perf_event_paranoid`` <= 2 records this
+user's processes as root does here); run it alone on the machine:
+
+    .venv/bin/python scripts/research/perf_split.py --phases 6 --stream
+    .venv/bin/python scripts/research/perf_split.py --layout streams --prompt 64 --gen 96
+    .venv/bin/python scripts/research/perf_split.py --peer-kvu   # llama-server -kvu
+
+The benchmark's client (the OpenAI SDK), ``ignore_eos``, 8 clients by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from interleaved import PER_PHASE  # noqa: E402
+
+from engine import Engine  # noqa: E402
+from engine.bench import peer_client as pc  # noqa: E402
+from engine.bench.peer_servers import (  # noqa: E402
+    KVTRIM,
+    PEER,
+    Launch,
+    ServerProcess,
+    kvtrim_argv,
+    peer_argv,
+)
+from engine.bench.tasks import real_text  # noqa: E402
+from engine.native.embedded import default_model_path  # noqa: E402
+
+HZ = 997  # samples a second a CPU
+_LINE = re.compile(r"\s*\S+\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
+
+
+def record(path: Path) -> subprocess.Popen[bytes]:
+    """``perf record`` of every CPU into ``path`` until it is sent SIGINT (one
+    process followed by ``-p`` made perf itself busy on a Python server)."""
+    argv = ["perf", "record", "-e", "cpu-clock", "-F", str(HZ), "-a", "-o", str(path)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def split(data: Path, pid: int) -> collections.Counter[tuple[str, str]]:
+    """Samples of process ``pid`` in ``data`` by (library, function)."""
+    out = subprocess.run(
+        ["perf", "script", "-i", str(data), "-F", "comm,pid,tid,ip,sym,dso"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    got: collections.Counter[tuple[str, str]] = collections.Counter()
+    for line in out.splitlines():
+        m = _LINE.match(line)
+        if not m or int(m.group(1)) != pid:
+            continue
+        sym, _, dso = re.sub(r"\+0x[0-9a-f]+", "", m.group(2)).rpartition(" (")
+        lib = dso.rstrip(")").rsplit("/", 1)[-1].split(".so")[0]
+        got[(lib, sym.strip() or "?")] += 1
+    return got
+
+
+def servers(args: argparse.Namespace, model: str) -> dict[str, ServerProcess]:
+    """The two servers' processes (not started), by name."""
+    n, binary = args.clients, args.peer_binary
+    peer = Launch(PEER, parallel=n, ctx=n * 256)
+    mine = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=args.layout)
+    libs = str(Path(binary).resolve().parent)
+
+    def peer_line(port: int) -> list[str]:
+        return peer_argv(binary, model, port, 2, peer) + (["-kvu"] if args.peer_kvu else [])
+
+    def kvtrim_line(port: int) -> list[str]:
+        line = shlex.join(kvtrim_argv(model, port, 2, mine))
+        where = f"cd {shlex.quote(str(ROOT))} && LLAMA_CPP_LIB_PATH={shlex.quote(libs)}"
+        return ["bash", "-c", f"{where} exec {line}"]
+
+    logs = Path(tempfile.mkdtemp())
+    return {
+        PEER: ServerProcess(peer_line, logs / "peer.log"),
+        KVTRIM: ServerProcess(kvtrim_line, logs / "kvtrim.log"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phases", type=int, default=6, help="phases each (one more warms up)")
+    p.add_argument("--clients", type=int, default=8, help="clients, -np and --parallel")
+    p.add_argument("--layout", default="shared", help="kvtrim's --kv-layout")
+    p.add_argument("--peer-kvu", action="store_true", help="llama-server with --kv-unified")
+    p.add_argument("--prompt", type=int, default=160, help="prompt tokens a request")
+    p.add_argument("--gen", type=int, default=32, help="tokens out a request")
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--top", type=int, default=25, help="functions shown")
+    p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
+    args = p.parse_args()
+    model = str(default_model_path())
+    with Engine(model, n_threads=2) as engine:
+        count = PER_PHASE * 2 * (args.phases + 1)
+        texts = [real_text(engine, args.prompt, 3_000 + 5_000 * i) for i in range(count)]
+    procs, out = servers(args, model), Path(tempfile.mkdtemp())
+    by: dict[str, collections.Counter[tuple[str, str]]] = {x: collections.Counter() for x in procs}
+    with contextlib.ExitStack() as stack:
+        urls = {x: stack.enter_context(proc) for x, proc in procs.items()}
+        for phase in range(args.phases + 1):
+            for x in list(procs)[:: 1 if phase % 2 else -1]:
+                perf = record(out / f"{x}-{phase}.data") if phase else None
+                time.sleep(0.3)  # perf is recording
+                batch = texts[:PER_PHASE]
+                texts = texts[PER_PHASE:]
+                got = pc.load(urls[x], batch, args.clients, args.gen, args.stream, 0.0, True)
+                if perf is None:
+                    continue
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
+                pid = procs[x].proc.pid  # type: ignore[union-attr]  # started
+                by[x] += split(out / f"{x}-{phase}.data", pid)
+                print(f"phase {phase} {x}: {got['requests_per_s']:.3f} req/s", flush=True)
+    report(by, args.phases, args.top)
+
+
+def report(by: dict[str, collections.Counter[tuple[str, str]]], phases: int, top: int) -> None:
+    """Samples a phase of each server, and the ``top`` functions by difference."""
+    for x, c in by.items():
+        print(f"{x}: {sum(c.values()) / phases:.0f} samples a phase")
+    a, b = by[KVTRIM], by[PEER]
+    keys = sorted(set(a) | set(b), key=lambda k: -abs(a[k] - b[k]))
+    print(f"{'kvtrim - peer':>13s} {'kvtrim':>8s} {'peer':>8s}  library  function (a phase)")
+    for k in keys[:top]:
+        print(f"{(a[k] - b[k]) / phases:+13.1f} {a[k] / phases:8.1f} {b[k] / phases:8.1f}  "
+              f"{k[0]}  {k[1][:80]}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
