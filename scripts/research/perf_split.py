@@ -8,8 +8,8 @@ kvtrim loads the llama.cpp libraries llama-server was built with
 (``LLAMA_CPP_LIB_PATH``): pip strips its own, so their functions would have no
 names, and the same libraries on both sides leave only what each server asks of
 them. Both servers keep both cores busy, so samples a phase stand for its wall time
-(997 a second a core). Needs ``perf`` (``perf_event_paranoid`` <= 2 records this
-user's processes as root does here); run it alone on the machine:
+(997 a second a core). Needs ``perf`` allowed to record every CPU (root, or
+``perf_event_paranoid`` <= 0 or CAP_PERFMON); run it alone on the machine:
 
     .venv/bin/python scripts/research/perf_split.py --phases 6 --stream
     .venv/bin/python scripts/research/perf_split.py --layout streams --prompt 64 --gen 96
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,11 +55,30 @@ HZ = 997  # samples a second a CPU
 _LINE = re.compile(r"\s*\S+\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
 
 
-def record(path: Path) -> subprocess.Popen[bytes]:
-    """``perf record`` of every CPU into ``path`` until it is sent SIGINT (one
-    process followed by ``-p`` made perf itself busy on a Python server)."""
+@contextlib.contextmanager
+def recording(path: Path) -> Iterator[None]:
+    """``perf record`` of every CPU into ``path`` while the block runs (one process
+    followed by ``-p`` made perf itself busy on a Python server); stopped with
+    SIGINT whatever ends the block, killed if it does not stop in 10 s."""
     argv = ["perf", "record", "-e", "cpu-clock", "-F", str(HZ), "-a", "-o", str(path)]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = path.with_suffix(".log")
+    with open(log, "wb") as err:
+        perf = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 10
+        while not path.exists() or path.stat().st_size == 0:  # perf writes its header
+            if perf.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"perf record did not start: {log.read_text()[-400:]}")
+            time.sleep(0.05)
+        time.sleep(0.2)  # its sampling is armed after the header
+        yield
+    finally:
+        perf.send_signal(signal.SIGINT)
+        try:
+            perf.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            perf.kill()
+            perf.wait()
 
 
 def split(data: Path, pid: int) -> collections.Counter[tuple[str, str]]:
@@ -124,15 +144,12 @@ def main() -> None:
         urls = {x: stack.enter_context(proc) for x, proc in procs.items()}
         for phase in range(args.phases + 1):
             for x in list(procs)[:: 1 if phase % 2 else -1]:
-                perf = record(out / f"{x}-{phase}.data") if phase else None
-                time.sleep(0.3)  # perf is recording
-                batch = texts[:PER_PHASE]
-                texts = texts[PER_PHASE:]
-                got = pc.load(urls[x], batch, args.clients, args.gen, args.stream, 0.0, True)
-                if perf is None:
+                batch, texts = texts[:PER_PHASE], texts[PER_PHASE:]
+                if not phase:  # the first turn warms both servers up
+                    pc.load(urls[x], batch, args.clients, args.gen, args.stream, 0.0, True)
                     continue
-                perf.send_signal(signal.SIGINT)
-                perf.wait()
+                with recording(out / f"{x}-{phase}.data"):
+                    got = pc.load(urls[x], batch, args.clients, args.gen, args.stream, 0.0, True)
                 pid = procs[x].proc.pid  # type: ignore[union-attr]  # started
                 by[x] += split(out / f"{x}-{phase}.data", pid)
                 print(f"phase {phase} {x}: {got['requests_per_s']:.3f} req/s", flush=True)

@@ -14,7 +14,8 @@ benchmark's command line (``kvtrim_argv``), and ``LAYOUT`` its ``--kv-layout``:
 
 ``--peer-kvu`` keeps a second llama-server up with ``--kv-unified``: one pool of cells
 for all slots, the layout of kvtrim's default ``shared`` pool (llama-server's own
-default with ``-np`` is a stream per slot, as kvtrim's ``streams``).
+default with ``-np`` is a stream per slot, as kvtrim's ``streams``); it is compared
+with llama-server, and each kvtrim with it too.
 
 The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos``, its client
 (the OpenAI SDK), 8 clients. Run it alone on the machine.
