@@ -60,11 +60,13 @@ def sign_interval(ratios: list[float], level: float = 0.95) -> tuple[float, floa
     return s[k - 1], s[n - k], cover
 
 
-def passages(kind: str, model: str, count: int) -> list[str]:
+def passages(kind: str, model: str, count: int, tokens: int = 160) -> list[str]:
+    """``count`` prompts: the benchmark's (``bench``, ``tokens`` tokens each) or the
+    research scripts' (``window``, ~165 tokens)."""
     if kind == "window":
         return pool_ab_passages(count)
     with Engine(model, n_threads=2) as engine:
-        return [real_text(engine, 160, 3_000 + 5_000 * i) for i in range(count)]
+        return [real_text(engine, tokens, 3_000 + 5_000 * i) for i in range(count)]
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import argparse
 import collections
 import contextlib
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -36,19 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from interleaved import PER_PHASE  # noqa: E402
+from interleaved import PER_PHASE, passages  # noqa: E402
+from side_by_side import kvtrim_in, peer_in  # noqa: E402
 
-from engine import Engine  # noqa: E402
 from engine.bench import peer_client as pc  # noqa: E402
-from engine.bench.peer_servers import (  # noqa: E402
-    KVTRIM,
-    PEER,
-    Launch,
-    ServerProcess,
-    kvtrim_argv,
-    peer_argv,
-)
-from engine.bench.tasks import real_text  # noqa: E402
+from engine.bench.peer_servers import KVTRIM, PEER, ServerProcess  # noqa: E402
 from engine.native.embedded import default_model_path  # noqa: E402
 
 HZ = 997  # samples a second a CPU
@@ -103,22 +94,12 @@ def split(data: Path, pid: int) -> collections.Counter[tuple[str, str]]:
 def servers(args: argparse.Namespace, model: str) -> dict[str, ServerProcess]:
     """The two servers' processes (not started), by name."""
     n, binary = args.clients, args.peer_binary
-    peer = Launch(PEER, parallel=n, ctx=n * 256)
-    mine = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=args.layout)
     libs = str(Path(binary).resolve().parent)
-
-    def peer_line(port: int) -> list[str]:
-        return peer_argv(binary, model, port, 2, peer) + (["-kvu"] if args.peer_kvu else [])
-
-    def kvtrim_line(port: int) -> list[str]:
-        line = shlex.join(kvtrim_argv(model, port, 2, mine))
-        where = f"cd {shlex.quote(str(ROOT))} && LLAMA_CPP_LIB_PATH={shlex.quote(libs)}"
-        return ["bash", "-c", f"{where} exec {line}"]
-
+    mine = kvtrim_in(str(ROOT), model, n, args.layout, libs=libs)
     logs = Path(tempfile.mkdtemp())
     return {
-        PEER: ServerProcess(peer_line, logs / "peer.log"),
-        KVTRIM: ServerProcess(kvtrim_line, logs / "kvtrim.log"),
+        PEER: ServerProcess(peer_in(binary, model, n, args.peer_kvu), logs / "peer.log"),
+        KVTRIM: ServerProcess(mine, logs / "kvtrim.log"),
     }
 
 
@@ -135,9 +116,7 @@ def main() -> None:
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
     args = p.parse_args()
     model = str(default_model_path())
-    with Engine(model, n_threads=2) as engine:
-        count = PER_PHASE * 2 * (args.phases + 1)
-        texts = [real_text(engine, args.prompt, 3_000 + 5_000 * i) for i in range(count)]
+    texts = passages("bench", model, PER_PHASE * 2 * (args.phases + 1), args.prompt)
     procs, out = servers(args, model), Path(tempfile.mkdtemp())
     by: dict[str, collections.Counter[tuple[str, str]]] = {x: collections.Counter() for x in procs}
     with contextlib.ExitStack() as stack:

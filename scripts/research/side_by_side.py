@@ -51,15 +51,26 @@ from engine.native.embedded import default_model_path  # noqa: E402
 UNIFIED = "llama-kvu"  # llama-server with one pool of cells for all its slots
 
 
-def kvtrim_in(tree: str, model: str, n: int, layout: str) -> Callable[[int], list[str]]:
-    """``kvtrim serve``'s benchmark command line, run from source tree ``tree``."""
+def kvtrim_in(
+    tree: str, model: str, n: int, layout: str, libs: str = ""
+) -> Callable[[int], list[str]]:
+    """``kvtrim serve``'s benchmark command line, run from source tree ``tree``
+    (``libs``: a folder of llama.cpp libraries to load instead of the wheel's)."""
+    env = f"LLAMA_CPP_LIB_PATH={shlex.quote(libs)} " if libs else ""
 
     def argv(port: int) -> list[str]:
         launch = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=layout)
         line = shlex.join(kvtrim_argv(model, port, 2, launch))
-        return ["bash", "-c", f"cd {shlex.quote(tree)} && exec {line}"]
+        return ["bash", "-c", f"cd {shlex.quote(tree)} && {env}exec {line}"]
 
     return argv
+
+
+def peer_in(binary: str, model: str, n: int, unified: bool = False) -> Callable[[int], list[str]]:
+    """llama-server's benchmark command line for ``n`` slots of 256 cells (``unified``:
+    one pool of cells for all of them, ``--kv-unified``)."""
+    launch = Launch(PEER, parallel=n, ctx=n * 256)
+    return lambda port: peer_argv(binary, model, port, 2, launch) + (["-kvu"] if unified else [])
 
 
 def orders(k: int) -> list[list[int]]:
@@ -79,10 +90,9 @@ def main() -> None:
     p.add_argument("--peer-kvu", action="store_true", help="also llama-server --kv-unified")
     args = p.parse_args()
     model, n = str(default_model_path()), args.clients
-    launch = Launch(PEER, parallel=n, ctx=n * 256)
-    argv = {PEER: lambda port: peer_argv(args.peer_binary, model, port, 2, launch)}
+    argv = {PEER: peer_in(args.peer_binary, model, n)}
     if args.peer_kvu:
-        argv[UNIFIED] = lambda port: [*peer_argv(args.peer_binary, model, port, 2, launch), "-kvu"]
+        argv[UNIFIED] = peer_in(args.peer_binary, model, n, unified=True)
     for spec in args.kvtrim:
         name, _, where = spec.partition("=")
         tree, _, layout = where.partition(":")
