@@ -17,7 +17,9 @@ for all slots, the layout of kvtrim's default ``shared`` pool (llama-server's ow
 default with ``-np`` is a stream per slot, as kvtrim's ``streams``); it is compared
 with llama-server, and each kvtrim with it too.
 
-The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos``, its client
+The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos`` (``--eos``:
+without, as the benchmark's 160x32 load, and each server's answers under 32 tokens
+counted by phase), its client
 (the OpenAI SDK), 8 clients. Run it alone on the machine.
 """
 
@@ -88,6 +90,11 @@ def main() -> None:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
     p.add_argument("--peer-kvu", action="store_true", help="also llama-server --kv-unified")
+    p.add_argument(
+        "--eos",
+        action="store_true",
+        help="answers may end before 32 tokens (no ignore_eos): the benchmark's load",
+    )
     args = p.parse_args()
     model, n = str(default_model_path()), args.clients
     argv = {PEER: peer_in(args.peer_binary, model, n)}
@@ -99,6 +106,7 @@ def main() -> None:
         argv[name] = kvtrim_in(str(Path(tree).resolve()), model, n, layout or "shared")
     names = list(argv)
     rates: dict[str, list[float]] = {x: [] for x in names}
+    short: dict[str, list[int]] = {x: [] for x in names}  # answers under 32 tokens, by phase
     texts = passages("bench", model, PER_PHASE * len(names) * (args.phases + 1))
     turns = orders(len(names))
     logs = Path(tempfile.mkdtemp())
@@ -108,21 +116,24 @@ def main() -> None:
         for phase in range(args.phases + 1):
             for i in turns[phase % len(turns)]:
                 got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, 32, args.stream,
-                              0.0, True)  # fmt: skip
+                              0.0, not args.eos)  # fmt: skip
                 at += PER_PHASE
                 if phase:  # the first turn warms every server up
                     rates[names[i]].append(got["requests_per_s"])
+                    short[names[i]].append(sum(c < 32 for c in got["completion_tokens"]))
     for x, rs in rates.items():
         print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
+        print(f"{'':12s} answers under 32 tokens: {' '.join(map(str, short[x]))}")
     kvtrims = [x for x in names if x not in (PEER, UNIFIED)]
     pairs = [(x, PEER) for x in names[1:]] + [(x, kvtrims[0]) for x in kvtrims[1:]]
     pairs += [(x, UNIFIED) for x in kvtrims if UNIFIED in names]
+    load = f"{'streaming' if args.stream else 'plain'}, {'eos' if args.eos else 'ignore_eos'}"
     for a, b in pairs:
         ratios = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
         low, high, cover = sign_interval(ratios)
         print(f"{a} / {b}: median {statistics.median(ratios):.3f}, {cover:.1%} interval "
               f"{low:.3f}-{high:.3f} ({len(ratios)} pairs, {n} clients, "
-              f"{'streaming' if args.stream else 'plain'}, ignore_eos)")  # fmt: skip
+              f"{load})")  # fmt: skip
 
 
 if __name__ == "__main__":
