@@ -458,6 +458,7 @@ def _notes(result: dict[str, Any]) -> list[str]:
         "passage neither server has seen.",
         *template,
         _sampling_line(cfg.get("temperature", 0.0), cfg.get("ignore_eos", False)),
+        *_short_answers(result),
         "- KV bytes: llama-server's cache for its whole `-c` context (allocated at start), "
         "kvtrim's cache of the request (`kv_bytes_held`).",
         "- Timings taken on a loaded machine mean nothing.",
@@ -578,6 +579,32 @@ def write(result: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
+def _short_answers(result: dict[str, Any]) -> list[str]:
+    """Where kvtrim wrote fewer tokens than llama-server on a serve load: why that is
+    not a faster server's figure (empty where neither did)."""
+    if not result.get("records"):
+        return []
+    medians = serve_medians(result)
+    short = [
+        f"{clients} client{'s' * (clients > 1)} {'streaming' if stream else 'plain'}"
+        for (clients, stream, server), m in sorted(medians.items())
+        if server == KVTRIM
+        and (peer := medians.get((clients, stream, PEER))) is not None
+        and m["completion_tokens"] < peer["completion_tokens"] - 0.05
+    ]
+    if not short:
+        return []
+    return [
+        f"- kvtrim ended answers early ({', '.join(short)}: tokens generated under "
+        "llama-server's): its loop guard stops an answer that repeats itself, which "
+        "llama-server writes out to the length. Each client sends its next request when its "
+        "answer ends, so an early end puts that client out of step with the others, and "
+        "their prompts are then read in more, smaller rounds. llama-server given the same "
+        "answer lengths lost as much (docs/benchmarks/history.md, issue 37: answers the "
+        "loop guard ends early)."
+    ]
+
+
 def _sampling_line(temperature: float, ignore_eos: bool = False) -> str:
     """How the serve part's requests choose their tokens."""
     length = (
@@ -590,7 +617,8 @@ def _sampling_line(temperature: float, ignore_eos: bool = False) -> str:
         return (
             "- Requests through the OpenAI Python SDK, greedy (`temperature 0`). 'same text': "
             "requests whose continuation is the same on both servers; greedy decoding parts "
-            "where two tokens nearly tie, and the servers batch the prompt differently."
+            "where two tokens nearly tie, and the servers batch the prompt differently "
+            "(kvtrim's shared pool even by the order in which the requests arrive)."
             + length
         )
     return (

@@ -786,6 +786,20 @@ def test_ignore_eos_goes_to_both_servers_as_their_field():
     assert "ignore_eos" not in peer_report._sampling_line(0.0)
 
 
+def test_report_says_where_kvtrim_ended_answers_early():
+    """A serve load where kvtrim wrote fewer tokens (its loop guard) gets a note naming
+    it, because the clients then fall out of step; equal lengths get none."""
+    short = _serve(ps.KVTRIM, 4, True, 1.8)
+    short["completion_tokens"] = [32, 22, 26, 32]
+    records = [_serve(ps.PEER, 4, True, 2.0), short, _serve(ps.PEER, 8, False, 2.0),
+               _serve(ps.KVTRIM, 8, False, 2.0)]  # fmt: skip
+    notes = "\n".join(peer_report._notes(_result(records)))
+    assert "kvtrim ended answers early (4 clients streaming:" in notes
+    assert "8 clients" not in notes.split("ended answers early")[1].split(":")[0]
+    even = [_serve(ps.PEER, 4, True, 2.0), _serve(ps.KVTRIM, 4, True, 1.8)]
+    assert "ended answers early" not in "\n".join(peer_report._notes(_result(even)))
+
+
 def test_each_rounds_ratio_pairs_the_servers_of_that_round(tmp_path):
     """The per-round ratios pair kvtrim's and llama-server's runs of one round; the
     table and the targets show their range and how many reached the target."""
