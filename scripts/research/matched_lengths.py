@@ -5,7 +5,9 @@ each request's ``max_tokens``, and kvtrim. kvtrim's loop guard ends an answer th
 repeats itself, which llama-server writes out to 32 tokens; the second llama-server
 does kvtrim's work, so the ratios split kvtrim's gap into the cost of the shorter
 answers (a client whose answer ends early falls out of step with the others) and the
-rest. kvtrim's lengths come from one client first (no pool: the same every run).
+rest. kvtrim's lengths come from one client first (no pool: the same every run); with
+several, its answers can differ from them, and the script counts the phases where
+they did not.
 
     .venv/bin/python scripts/research/matched_lengths.py --phases 9
 
@@ -20,8 +22,8 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -37,12 +39,15 @@ GEN = 32
 LLAMA, MATCHED, KV = "llama-server", "llama-matched", "kvtrim"
 
 
-def phase(url: str, texts: list[str], clients: int, lengths: dict[int, int]) -> tuple[float, Any]:
-    """Requests/s of ``texts`` streamed from ``clients`` threads (a warm-up request
-    first), each with ``lengths[i]`` tokens at most (else ``GEN``); the answers' lengths."""
+def phase(
+    url: str, texts: list[str], clients: int, lengths: dict[int, int], warm: str
+) -> tuple[float, list[int]]:
+    """Requests/s of ``texts`` streamed from ``clients`` threads (after one request of
+    ``warm``, a passage none of them starts with), each with ``lengths[i]`` tokens at
+    most (else ``GEN``); the answers' lengths. A failed request fails the phase."""
     api, lock, todo = pc.client(url), threading.Lock(), iter(range(len(texts)))
     got = [0] * len(texts)
-    pc.complete(api, texts[0][:200], 4)
+    pc.complete(api, warm, 4)
 
     def worker() -> None:
         while True:
@@ -51,14 +56,15 @@ def phase(url: str, texts: list[str], clients: int, lengths: dict[int, int]) -> 
             if i is None:
                 return
             reply = pc.complete(api, texts[i], lengths.get(i, GEN), stream=True)
-            got[i] = pc.figures(reply)["completion_tokens"] or 0
+            count = pc.figures(reply)["completion_tokens"]
+            if count is None:
+                raise RuntimeError(f"{url}: no completion_tokens for passage {i}")
+            got[i] = count
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(worker) for _ in range(clients)]:
+            future.result()
     wall = time.perf_counter() - start
     api.close()
     return len(texts) / wall, got
@@ -72,10 +78,11 @@ def main() -> None:
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
     args = p.parse_args()
     model, n = str(default_model_path()), args.clients
-    texts = passages("bench", model, 32)[16:32]  # the benchmark's streaming passages
+    every = passages("bench", model, 33)
+    texts, warm = every[16:32], every[32]  # the benchmark's streaming passages; a warm-up
     logs = Path(tempfile.mkdtemp())
     with ServerProcess(kvtrim_in(str(ROOT), model, 1, "shared"), logs / "one.log") as url:
-        _, alone = phase(url, texts, 1, {})
+        _, alone = phase(url, texts, 1, {}, warm)
     lengths = {i: k for i, k in enumerate(alone) if k < GEN}
     print(f"kvtrim's answers under {GEN} tokens, one client (passage: tokens): {lengths}")
     argv = {
@@ -84,14 +91,17 @@ def main() -> None:
         KV: kvtrim_in(str(ROOT), model, n, args.layout),
     }
     rates: dict[str, list[float]] = {x: [] for x in argv}
-    names = list(argv)
+    names, same = list(argv), 0
     for k in range(args.phases):
         for name in names[k % 3 :] + names[: k % 3]:  # each server first in turn
             with ServerProcess(argv[name], logs / f"{name}.log") as url:
-                rate, got = phase(url, texts, n, lengths if name == MATCHED else {})
+                rate, got = phase(url, texts, n, lengths if name == MATCHED else {}, warm)
             rates[name].append(rate)
             short = {i: c for i, c in enumerate(got) if c < GEN}
+            same += name == KV and short == lengths
             print(f"phase {k} {name:13s} {rate:.2f} req/s, answers under {GEN}: {short}")
+    print(f"kvtrim's answers had one client's lengths in {same} of {args.phases} phases "
+          "(the shared pool's greedy answers move with the order requests arrive in)")  # fmt: skip
     for a, b in ((KV, LLAMA), (KV, MATCHED), (MATCHED, LLAMA)):
         ratios = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
         low, high, cover = sign_interval(ratios)

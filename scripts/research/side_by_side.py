@@ -18,8 +18,8 @@ default with ``-np`` is a stream per slot, as kvtrim's ``streams``); it is compa
 with llama-server, and each kvtrim with it too.
 
 The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos`` (``--eos``:
-without, as the benchmark's 160x32 load, and each server's answers under 32 tokens
-counted by phase), its client
+without, as the benchmark's 160x32 load; each server's answers under 32 tokens are
+counted by phase, and a phase's servers answer the same passages), its client
 (the OpenAI SDK), 8 clients. Run it alone on the machine.
 """
 
@@ -107,7 +107,9 @@ def main() -> None:
     names = list(argv)
     rates: dict[str, list[float]] = {x: [] for x in names}
     short: dict[str, list[int]] = {x: [] for x in names}  # answers under 32 tokens, by phase
-    texts = passages("bench", model, PER_PHASE * len(names) * (args.phases + 1))
+    # with --eos an answer's length depends on its passage: a phase's servers share theirs
+    per_turn = 1 if args.eos else len(names)
+    texts = passages("bench", model, PER_PHASE * per_turn * (args.phases + 1))
     turns = orders(len(names))
     logs = Path(tempfile.mkdtemp())
     with contextlib.ExitStack() as stack:
@@ -117,10 +119,11 @@ def main() -> None:
             for i in turns[phase % len(turns)]:
                 got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, 32, args.stream,
                               0.0, not args.eos)  # fmt: skip
-                at += PER_PHASE
+                at += 0 if args.eos else PER_PHASE
                 if phase:  # the first turn warms every server up
                     rates[names[i]].append(got["requests_per_s"])
-                    short[names[i]].append(sum(c < 32 for c in got["completion_tokens"]))
+                    short[names[i]].append(sum((c or 0) < 32 for c in got["completion_tokens"]))
+            at += PER_PHASE if args.eos else 0
     for x, rs in rates.items():
         print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
         print(f"{'':12s} answers under 32 tokens: {' '.join(map(str, short[x]))}")
