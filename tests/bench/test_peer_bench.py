@@ -787,17 +787,25 @@ def test_ignore_eos_goes_to_both_servers_as_their_field():
 
 
 def test_report_says_where_kvtrim_ended_answers_early():
-    """A serve load where kvtrim wrote fewer tokens (its loop guard) gets a note naming
-    it, because the clients then fall out of step; equal lengths get none."""
+    """A greedy serve load where kvtrim wrote fewer tokens (its loop guard) gets a note
+    with both lengths, and with several clients why they fall out of step; equal
+    lengths, a sampled load or a load with no answers get none."""
     short = _serve(ps.KVTRIM, 4, True, 1.8)
     short["completion_tokens"] = [32, 22, 26, 32]
     records = [_serve(ps.PEER, 4, True, 2.0), short, _serve(ps.PEER, 8, False, 2.0),
                _serve(ps.KVTRIM, 8, False, 2.0)]  # fmt: skip
     notes = "\n".join(peer_report._notes(_result(records)))
-    assert "kvtrim ended answers early (4 clients streaming:" in notes
-    assert "8 clients" not in notes.split("ended answers early")[1].split(":")[0]
-    even = [_serve(ps.PEER, 4, True, 2.0), _serve(ps.KVTRIM, 4, True, 1.8)]
-    assert "ended answers early" not in "\n".join(peer_report._notes(_result(even)))
+    assert "(4 clients streaming: 28.0 against 32.0 tokens a request)" in notes
+    assert "out of step" in notes and "8 clients" not in notes
+    alone = {**short, "clients": 1, "config": "1 clients"}
+    one = "\n".join(peer_report._notes(_result([{**records[0], "clients": 1}, alone])))
+    assert "1 client streaming: 28.0 against 32.0" in one and "out of step" not in one
+    sampled = "\n".join(peer_report._notes(_result(records, temperature=1.0)))
+    assert "fewer tokens" not in sampled
+    empty = {**short, "completion_tokens": []}
+    for kvtrim in (_serve(ps.KVTRIM, 4, True, 1.8), empty):
+        even = "\n".join(peer_report._notes(_result([records[0], kvtrim])))
+        assert "fewer tokens" not in even
 
 
 def test_each_rounds_ratio_pairs_the_servers_of_that_round(tmp_path):
