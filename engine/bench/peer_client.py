@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,14 +173,18 @@ def load(
     url: str,
     prompts: list[str],
     clients: int,
-    gen: int,
+    gen: int | Sequence[int],
     stream: bool,
     temperature: float = 0.0,
     ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """``prompts`` sent by ``clients`` threads through one SDK client, each thread
     sending the next prompt when its last answer came: requests/s over the wall
-    time, latency and TTFT p50, and the answers in prompt order."""
+    time, latency and TTFT p50, and the answers in prompt order. ``gen``: tokens at
+    most for every request, or one figure for each prompt."""
+    most = [gen] * len(prompts) if isinstance(gen, int) else list(gen)
+    if len(most) != len(prompts):
+        raise ValueError(f"{len(most)} lengths for {len(prompts)} prompts")
     api = client(url)
     replies: list[Reply | None] = [None] * len(prompts)
     nxt = iter(range(len(prompts)))
@@ -193,7 +198,7 @@ def load(
             if i is None:
                 return
             try:
-                replies[i] = complete(api, prompts[i], gen, stream, temperature, ignore_eos)
+                replies[i] = complete(api, prompts[i], most[i], stream, temperature, ignore_eos)
             except BaseException:
                 stop.set()
                 raise

@@ -20,9 +20,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,32 +39,19 @@ LLAMA, MATCHED, KV = "llama-server", "llama-matched", "kvtrim"
 def phase(
     url: str, texts: list[str], clients: int, lengths: dict[int, int], warm: str
 ) -> tuple[float, list[int]]:
-    """Requests/s of ``texts`` streamed from ``clients`` threads (after one request of
-    ``warm``, a passage none of them starts with), each with ``lengths[i]`` tokens at
-    most (else ``GEN``); the answers' lengths. A failed request fails the phase."""
-    api, lock, todo = pc.client(url), threading.Lock(), iter(range(len(texts)))
-    got = [0] * len(texts)
+    """Requests/s of ``texts`` streamed from ``clients`` clients (``peer_client.load``,
+    after one request of ``warm``, a passage none of them starts with), each with
+    ``lengths[i]`` tokens at most (else ``GEN``); the answers' lengths. A failed
+    request fails the phase."""
+    api = pc.client(url)
     pc.complete(api, warm, 4)
-
-    def worker() -> None:
-        while True:
-            with lock:
-                i = next(todo, None)
-            if i is None:
-                return
-            reply = pc.complete(api, texts[i], lengths.get(i, GEN), stream=True)
-            count = pc.figures(reply)["completion_tokens"]
-            if count is None:
-                raise RuntimeError(f"{url}: no completion_tokens for passage {i}")
-            got[i] = count
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        for future in [pool.submit(worker) for _ in range(clients)]:
-            future.result()
-    wall = time.perf_counter() - start
     api.close()
-    return len(texts) / wall, got
+    most = [lengths.get(i, GEN) for i in range(len(texts))]
+    got = pc.load(url, texts, clients, most, stream=True)
+    counts = got["completion_tokens"]
+    if None in counts:
+        raise RuntimeError(f"{url}: an answer without completion_tokens")
+    return got["requests_per_s"], counts
 
 
 def main() -> None:

@@ -114,16 +114,14 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp())
     with contextlib.ExitStack() as stack:
         urls = {x: stack.enter_context(ServerProcess(argv[x], logs / f"{x}.log")) for x in names}
-        at = 0
         for phase in range(args.phases + 1):
-            for i in turns[phase % len(turns)]:
+            for k, i in enumerate(turns[phase % len(turns)]):
+                at = PER_PHASE * (phase * per_turn + (0 if args.eos else k))
                 got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, 32, args.stream,
                               0.0, not args.eos)  # fmt: skip
-                at += 0 if args.eos else PER_PHASE
                 if phase:  # the first turn warms every server up
                     rates[names[i]].append(got["requests_per_s"])
                     short[names[i]].append(sum((c or 0) < 32 for c in got["completion_tokens"]))
-            at += PER_PHASE if args.eos else 0
     for x, rs in rates.items():
         print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
         print(f"{'':12s} answers under 32 tokens: {' '.join(map(str, short[x]))}")

@@ -146,6 +146,20 @@ def test_load_sends_every_prompt_once_from_n_clients():
     assert got["latency_p50_s"] > 0 and got["ttft_p50_s"] is None
 
 
+def test_load_sends_each_prompt_its_own_length():
+    """``gen`` as one figure a prompt: each request's ``max_tokens`` is its own; a
+    list of another length is refused before anything is sent."""
+    server = _completions()
+    try:
+        pc.load(server.url, ["a", "b", "c"], 2, [32, 22, 26], stream=False)
+        with pytest.raises(ValueError, match="2 lengths for 3 prompts"):
+            pc.load(server.url, ["a", "b", "c"], 2, [32, 22], stream=False)
+    finally:
+        server.close()
+    sent = {body["prompt"]: body["max_tokens"] for _, body in server.requests}
+    assert sent == {"a": 32, "b": 22, "c": 26} and len(server.requests) == 3
+
+
 def test_load_stops_sending_after_a_failed_request():
     import openai
 
