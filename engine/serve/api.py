@@ -152,11 +152,9 @@ class _Responder:
         rounds expect it from the start where its text fits a round
         (``EngineRunner.arriving``)."""
         with self.runner.arriving(_fits_a_round(req)) as arrival:
-            try:
-                job = await run_in_threadpool(build, req)
-            finally:
-                self.runner.built()
-            job.arrival = arrival
+            job = await run_in_threadpool(build, req)
+            arrival.built()
+            job.arrival = arrival.key
             return await self.respond(request, req, job)
 
     async def respond(self, request: Request, req: Parsed, job: Job) -> Any:

@@ -49,6 +49,21 @@ class ShuttingDown(KvtrimError):
     """The server is stopping: the job was refused or cancelled."""
 
 
+class Arrival:
+    """A request on its way (``EngineRunner.arriving``): ``key`` goes to ``Job.arrival``
+    (None: no round waits for it); ``built()`` once its job is built or failed to be
+    (once: later calls do nothing)."""
+
+    def __init__(self, key: object | None, on_built: Callable[[], None]) -> None:
+        self.key = key
+        self._on_built: Callable[[], None] | None = on_built
+
+    def built(self) -> None:
+        on_built, self._on_built = self._on_built, None
+        if on_built is not None:
+            on_built()
+
+
 @dataclass
 class Job:
     """One request's work: tokens to read (``tail`` votes), then generation, with
@@ -134,27 +149,28 @@ class EngineRunner:
         return self._waiting
 
     @contextlib.contextmanager
-    def arriving(self, expected: bool = True) -> Iterator[object | None]:
-        """A request the server has, from before it is parsed to its answer (``built``
-        once its job is built): with ``expected``, the pool's rounds wait for its first
-        step (``KVPool.expect``) so prompts that arrive together are read together.
-        Only while no more requests are on their way than engine threads (one that
-        would wait for others' parsing holds nothing), and a job that queues for a
-        thread lets go at ``submit``. Yields the key for ``Job.arrival`` (None: nothing
-        waits for it)."""
+    def arriving(self, expected: bool = True) -> Iterator[Arrival]:
+        """A request the server has, from before it is parsed to its answer (call
+        ``Arrival.built`` once its job is built; leaving the block does, if not): with
+        ``expected``, the pool's rounds wait for its first step (``KVPool.expect``) so
+        prompts that arrive together are read together. Only while no more requests are
+        on their way than engine threads (one that would wait for others' parsing holds
+        nothing), and a job that queues for a thread lets go at ``submit``."""
         pool = self.pool
         with self._lock:
             self._building += 1
             free = self._building <= self.parallel
-        key = pool.expect() if pool is not None and expected and free else None
+        arrival = Arrival(None, self._built)
         try:
-            yield key
+            if pool is not None and expected and free:
+                arrival.key = pool.expect()
+            yield arrival
         finally:
+            arrival.built()
             if pool is not None:
-                pool.unexpect(key)
+                pool.unexpect(arrival.key)
 
-    def built(self) -> None:
-        """A request on its way (``arriving``) has its job built, or failed to."""
+    def _built(self) -> None:
         with self._lock:
             self._building -= 1
 

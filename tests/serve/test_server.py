@@ -412,16 +412,22 @@ def test_a_request_that_would_wait_for_an_engine_thread_holds_no_round(engine):
         with runner.arriving() as first:
             runner._building += 1  # a third request on its way: more than the threads
             with runner.arriving() as second:  # the pool has a sequence free for it
-                assert first is not None and second is None
-                runner.built()
+                assert first.key is not None and second.key is None
+                second.built()
+                second.built()  # once only
             runner._building -= 1
-            runner.built()
+            first.built()
+            assert runner._building == 0
             runner._waiting = 2  # both engine threads busy: this job queues
-            job = Job(head=[1], tail=[], spec=None, arrival=first)  # type: ignore[arg-type]
+            job = Job(head=[1], tail=[], spec=None, arrival=first.key)  # type: ignore[arg-type]
             job.cancel()
             future = runner.submit(job)
-            assert first not in pool._expected
+            assert first.key not in pool._expected
             with contextlib.suppress(BaseException):
                 future.result(30)
+        with contextlib.suppress(ValueError), runner.arriving() as third:
+            assert third.key in pool._expected
+            raise ValueError("its job failed to build")
+        assert runner._building == 0 and third.key not in pool._expected
     finally:
         runner.close()
