@@ -134,29 +134,31 @@ def _kept(first: int, count: int, n: int, rows: int) -> int:
     return max(0, min(count, first + count - (n - min(rows, n))))
 
 
-def shared_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
+def shared_ubatches(
+    steps: Sequence[_Step], n_ubatch: int, runs: Sequence[tuple[Run, ...]] | None = None
+) -> list[Ubatch]:
     """One shared pool: the ubatches llama.cpp splits a round of ``steps`` (in batch
-    order) into, ``n_ubatch`` consecutive rows each (``split_simple``), each with a
-    segment of every step that captures and has rows in it; a step's rows may span
-    two (its last ``rows`` rows are kept wherever they fall). None where no step
-    captures."""
+    order, their tokens where ``runs`` says: ``batch_rows``; None: each step's together)
+    into, ``n_ubatch`` consecutive rows each (``split_simple``), each with a segment
+    of every run of a step that captures in it; a step's rows may span two (its last
+    ``rows`` rows are kept wherever they fall). None where no step captures."""
     if all(s.capture is None for s in steps):
         return []
-    spans, a = [], 0
-    for s in steps:
-        spans.append((a, a + len(s.tokens)))
-        a += len(s.tokens)
+    if runs is None:
+        runs = batch_rows(steps)[1]
+    placed = sorted((row, k, first, count) for k, rs in enumerate(runs) for row, first, count in rs)
+    a = sum(len(s.tokens) for s in steps)
     owner = _owners(steps)
     out = []
     for u0 in range(0, a, n_ubatch):
         u1 = min(a, u0 + n_ubatch)
         segments = []
-        for s, (b, e) in zip(steps, spans, strict=True):
-            c = s.capture
-            lo, hi = max(b, u0), min(e, u1)
+        for row, k, first, count in placed:
+            s, c = steps[k], steps[k].capture
+            lo, hi = max(row, u0), min(row + count, u1)
             if c is None or lo >= hi:
                 continue
-            kept = _kept(lo - b, hi - lo, e - b, c.rows)
+            kept = _kept(first + lo - row, hi - lo, len(s.tokens), c.rows)
             seg = Segment(lo - u0, hi - u0, kept, c.visibility, keys=c.keys, owner=owner[s.seq])
             segments.append(seg)
         out.append(Ubatch(u1 - u0, 1, tuple(segments)))
@@ -187,22 +189,64 @@ def stream_ubatches(steps: Sequence[_Step], n_ubatch: int) -> list[Ubatch]:
     return out
 
 
+Run = tuple[int, int, int]
+"""Where some of a step's tokens lie: (batch row, the step's token index, count)."""
+
+
+def batch_rows(
+    steps: Sequence[_Step], tails_last: bool = False
+) -> tuple[list[tuple[int, int, int, bool]], list[tuple[Run, ...]]]:
+    """The batch's ``(seq, token, pos, logits)`` entries for ``steps`` (in batch
+    order) and each step's runs. ``tails_last``: the last token of each step that wants
+    that row's logits only goes after every step's other tokens (each sequence's
+    positions still rise in batch order), so a shared round that llama.cpp splits
+    into ubatches of consecutive rows computes all its logits rows in the last one.
+    On a CPU Gemma's 262,144-row output layer costs far more for rows spread over
+    ubatches (3, 3 and 2 of a wave of 8 prompts) than for 8 in one (history.md,
+    issue 37: a decode of 8 answer tokens took 61 ms with 8 logits rows, 81 with 7)."""
+    body: list[tuple[int, int, int, bool]] = []
+    tail: list[tuple[int, int, int, bool]] = []
+    where: list[tuple[int, int]] = []  # each step's first body row and tail index (-1: none)
+    for s in steps:
+        n = len(s.tokens)
+        move = tails_last and s.logits and not s.every
+        where.append((len(body), len(tail) if move else -1))
+        for i in range(n - 1 if move else n):
+            body.append((s.seq, s.tokens[i], s.pos0 + i, s.every or (s.logits and i == n - 1)))
+        if move:
+            tail.append((s.seq, s.tokens[-1], s.pos0 + n - 1, True))
+    runs: list[tuple[Run, ...]] = []
+    for s, (b, t) in zip(steps, where, strict=True):
+        n = len(s.tokens)
+        if t < 0:
+            runs.append(((b, 0, n),))
+        else:
+            last = (len(body) + t, n - 1, 1)
+            runs.append(((b, 0, n - 1), last) if n > 1 else (last,))
+    return body + tail, runs
+
+
 def _read_out(
-    ctx: NativeContext, step: _Step, a: int, got: Iterator[Captured], n_segments: int
+    ctx: NativeContext,
+    step: _Step,
+    runs: tuple[Run, ...],
+    got: Iterator[Captured],
+    n_segments: int,
 ) -> None:
-    """A step's logits rows (its tokens start at batch row ``a``), or the token its
-    ``pick`` chose from the last one where it lies, and its attention (call with the
+    """A step's logits rows (where ``runs`` put its tokens), or the token its ``pick``
+    chose from the last one where it lies, and its attention (call with the
     context's lock held)."""
     n = len(step.tokens)
-    if step.every:
-        step.out = np.stack([ctx.logits_at(a + i) for i in range(n)])
+    last = runs[-1][0] + runs[-1][2] - 1
+    if step.every:  # never split: its rows follow one another
+        step.out = np.stack([ctx.logits_at(runs[0][0] + i) for i in range(n)])
     elif step.pick is not None:  # its sampler, on the row where it lies: no copy
         try:
-            step.picked = step.pick(ctx.logits_view(a + n - 1))
+            step.picked = step.pick(ctx.logits_view(last))
         except Exception as exc:  # the sequence's own failure, after its cells were written
             step.pick_error = exc
     elif step.logits:
-        step.out = ctx.logits_at(a + n - 1)[None]
+        step.out = ctx.logits_at(last)[None]
     if step.capture is not None:
         c = next(got)
         step.captured = Captured(c.visible, c.attn, c.seconds / n_segments, c.keys)
@@ -434,22 +478,27 @@ class Scheduler:
 
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
-        entries, segments, starts = self._batch(steps)
         n_ubatch = self.shared.ctx.n_ubatch
+        several = sum(len(s.tokens) for s in steps) > n_ubatch  # llama.cpp splits it
+        entries, runs = batch_rows(steps, tails_last=several and self.layout == "shared")
+        segments: list[Segment] = []
         if self.layout != "shared":
             ubatches = stream_ubatches(steps, n_ubatch)
-        elif len(entries) > n_ubatch:
-            ubatches, segments = shared_ubatches(steps, n_ubatch), []
-        else:
+        elif several:
+            ubatches = shared_ubatches(steps, n_ubatch, runs)
+        else:  # one ubatch: each step's rows together
             ubatches = []
+            for step, ((a, _, n),) in zip(steps, runs, strict=True):
+                if (c := step.capture) is not None:
+                    segments.append(Segment(a, a + n, c.rows, c.visibility, keys=c.keys))
         n_captured = sum(s.capture is not None for s in steps)
         t0 = time.perf_counter()
         try:
             with self.shared.cpu, self.shared.lock:
                 ctx = self.shared.ctx
                 got = iter(ctx.decode_batch(entries, segments, ubatches=ubatches))
-                for step, a in zip(steps, starts, strict=True):
-                    _read_out(ctx, step, a, got, n_captured)
+                for step, where in zip(steps, runs, strict=True):
+                    _read_out(ctx, step, where, got, n_captured)
         except CacheFullError as exc:
             self._no_room(steps, exc)
         except BaseException as exc:  # every sequence of the batch hears of it
@@ -457,26 +506,6 @@ class Scheduler:
                 step.error = exc
         finally:
             self._account(steps, len(entries), time.perf_counter() - t0)
-
-    def _batch(
-        self, steps: list[_Step]
-    ) -> tuple[list[tuple[int, int, int, bool]], list[Segment], list[int]]:
-        """The batch's ``(seq, token, pos, logits)`` entries, the attention segments
-        to capture where the shared pool's round is one ubatch, and where each step's tokens
-        start in the batch."""
-        entries: list[tuple[int, int, int, bool]] = []
-        segments: list[Segment] = []
-        starts: list[int] = []
-        for step in steps:
-            a, n = len(entries), len(step.tokens)
-            starts.append(a)
-            for i, tok in enumerate(step.tokens):
-                out = step.every or (step.logits and i == n - 1)
-                entries.append((step.seq, tok, step.pos0 + i, out))
-            c = step.capture
-            if c is not None and self.layout == "shared":
-                segments.append(Segment(a, a + n, c.rows, c.visibility, keys=c.keys))
-        return entries, segments, starts
 
     def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
         """llama.cpp found no free cells and left the cache as it was: a batch tries

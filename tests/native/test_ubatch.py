@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.native.capture import Capture, Segment
+from engine.native.capture import Capture, Captured, Segment
 from engine.native.context import NativeContext
 from engine.native.ubatch import Slice, split_equal
-from engine.pool.scheduler import _Step, shared_ubatches, stream_ubatches
+from engine.pool.scheduler import Run, _Step, batch_rows, shared_ubatches, stream_ubatches
 from engine.session.config import default_threads
 
 THREADS = default_threads()  # what this test run may use (conftest pins xdist workers)
@@ -93,6 +93,74 @@ def test_a_shared_round_s_ubatches_are_consecutive_rows_with_the_kept_rows_last(
     assert shared_ubatches(steps[2:3], 16) == []  # nothing captured: llama.cpp's own split
 
 
+def test_tails_last_puts_every_logits_row_after_the_other_rows():
+    """``batch_rows(tails_last=True)``: each step's last token, where it wants logits,
+    goes to the batch's end, in step order; a step's positions still rise in batch
+    order and make one run with no gap; a step wanting no logits stays together."""
+    steps = [
+        _Step(0, [7], 9, True, False, None, 0),  # an answer's token
+        _Step(1, list(range(30)), 0, True, False, None, 1),  # a prompt's last chunk
+        _Step(2, [5, 6, 7], 40, False, False, None, 2),  # a chunk wanting no logits
+        _Step(3, list(range(10)), 0, True, False, None, 3),
+    ]
+    together, runs = batch_rows(steps)
+    assert runs == [((0, 0, 1),), ((1, 0, 30),), ((31, 0, 3),), ((34, 0, 10),)]
+    assert [i for i, e in enumerate(together) if e[3]] == [0, 30, 43]
+    entries, runs = batch_rows(steps, tails_last=True)
+    assert sorted(entries) == sorted(together)
+    assert runs == [
+        ((41, 0, 1),),
+        ((0, 0, 29), (42, 29, 1)),
+        ((29, 0, 3),),
+        ((32, 0, 9), (43, 9, 1)),
+    ]
+    assert [i for i, e in enumerate(entries) if e[3]] == [41, 42, 43]
+    for seq in range(4):
+        pos = [p for s, _, p, _ in entries if s == seq]
+        assert pos == list(range(pos[0], pos[0] + len(pos)))
+    for step, rs in zip(steps, runs, strict=True):  # each run holds the step's tokens
+        got = [entries[row + i][1] for row, _, count in rs for i in range(count)]
+        assert got == list(step.tokens)
+
+
+def test_a_split_step_s_parts_are_one_owner_in_row_order():
+    """With tails last, a capturing step has a part for its body and one for its
+    last row; its kept rows are its last wherever they fall."""
+    keep = Segment(0, 0, 4, True)
+    steps = [
+        _Step(0, [1], 9, True, False, keep, 0),
+        _Step(1, list(range(30)), 0, True, False, keep, 1),
+        _Step(2, [1], 5, True, False, None, 2),
+    ]
+    got = shared_ubatches(steps, 16, batch_rows(steps, tails_last=True)[1])
+    shape = [[(s.start, s.stop, s.rows, s.owner) for s in u.segments] for u in got]
+    assert shape == [
+        [(0, 16, 0, 1)],  # sequence 1's rows 0-15
+        [(0, 13, 3, 1), (13, 14, 1, 0), (14, 15, 1, 1)],  # its rows 16-28, 0's token, its last
+    ]
+
+
+def _cells_as_alone(cap: Captured, runs: list[tuple[Run, ...]], base: int) -> Captured:
+    """``cap``'s columns moved to the cells the round's tokens get when each step is
+    decoded alone, in step order: llama.cpp gives a fresh round's tokens the free cells
+    after the history's ``base``, in batch order."""
+    starts = np.cumsum([0] + [sum(r[2] for r in rs) for rs in runs])
+    width = max(cap.visible.shape[1], base + int(starts[-1]))  # type: ignore[union-attr]
+    perm = np.arange(width)  # perm[alone cell] = the batch's cell
+    for k, rs in enumerate(runs):
+        for row, first, count in rs:
+            at = base + starts[k] + first
+            perm[at : at + count] = base + row + np.arange(count)
+
+    def moved(block: np.ndarray | None) -> np.ndarray | None:
+        if block is None:
+            return None
+        padded = np.pad(block, ((0, 0), (0, width - block.shape[1])))
+        return padded[:, perm]
+
+    return Captured(moved(cap.visible), moved(cap.attn), cap.seconds, cap.keys)
+
+
 def _steps(
     prompts: dict[int, list[int]], held: dict[int, int], captures: dict[int, Segment]
 ) -> list[_Step]:
@@ -104,15 +172,18 @@ def _steps(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flash", [False, True])
-@pytest.mark.parametrize("layout", ["streams", "shared"])
-def test_a_round_llama_cpp_splits_is_captured_as_its_steps_alone(engine, flash, layout):
+@pytest.mark.parametrize(
+    ("layout", "tails_last"), [("streams", False), ("shared", False), ("shared", True)]
+)
+def test_a_round_llama_cpp_splits_is_captured_as_its_steps_alone(engine, flash, layout, tails_last):
     """An answer token of sequences 0 and 2 and a 30-token prompt chunk of sequence 1
     in one ``llama_decode``, which llama.cpp runs as two ubatches, each with its own
     ``n_kv``. One stream per sequence: the three first tokens, then the chunk's rest.
     One shared pool in ubatches of 16 (``split_simple``): rows 0-15 and 16-31, the
-    chunk in both and its kept rows in the second. Each step's cells seen, attention
-    rows, keys and logits are those of the same step decoded alone in a context of
-    the same history."""
+    chunk in both and its kept rows in the second; with ``tails_last`` every step's
+    logits row at the batch's end (the chunk's last row apart from the rest). Each
+    step's cells seen, attention rows, keys and logits are those of the same step
+    decoded alone in a context of the same history."""
     model = engine.model
     text = "The pass key is 68142. Remember it. Rivers run to the sea. " * 40
     toks = model.tokenize(text, add_bos=True)
@@ -138,20 +209,17 @@ def test_a_round_llama_cpp_splits_is_captured_as_its_steps_alone(engine, flash, 
                     ctx.decode(toks[at : min(at + 200, n)], at, logits=False, seq=seq)
             if together:
                 steps = _steps(round_, held, captures)
+                entries, runs = batch_rows(steps, tails_last)
                 if unified:
-                    ubatches = shared_ubatches(steps, ctx.n_ubatch)
+                    ubatches = shared_ubatches(steps, ctx.n_ubatch, runs)
                     assert [(u.n_rows, u.n_streams) for u in ubatches] == [(16, 1), (16, 1)]
                 else:
                     ubatches = stream_ubatches(steps, ctx.n_ubatch)
                     assert [(u.n_rows, u.n_streams) for u in ubatches] == [(1, 3), (29, 1)]
-                entries = [
-                    (s.seq, t, s.pos0 + i, i == len(s.tokens) - 1)
-                    for s in steps
-                    for i, t in enumerate(s.tokens)
-                ]
                 caps = ctx.decode_batch(entries, ubatches=ubatches)
-                at = np.cumsum([len(s.tokens) for s in steps]) - 1
-                logits = [ctx.logits_at(int(i)) for i in at]
+                logits = [ctx.logits_at(r[-1][0] + r[-1][2] - 1) for r in runs]
+                if tails_last:  # compare cell for cell with the steps decoded one by one
+                    caps = [_cells_as_alone(c, runs, sum(held.values())) for c in caps]
             else:
                 caps, logits = [], []
                 for seq, piece in sorted(round_.items()):
