@@ -19,10 +19,11 @@ so a batch is as large as the running and arriving sequences make it, as
 llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
 llama-server's default), which llama.cpp computes in ubatches of ``n_ubatch`` (a
 step's most), so a wave of prompts that arrive together is read in one decode and
-their answers stay in step. One bound keeps a sequence that stalls outside kvtrim (a
-library caller that stops iterating) from holding the others for ever:
-``OWED_LIMIT_S``, a liveness guard, not a scheduling rule. It knows sequences by
-id only: what they hold comes from the pool (``held``), never from their sessions.
+their answers stay in step (every logits row in the last ubatch: ``batch_rows``).
+One bound keeps a sequence that stalls outside kvtrim (a library caller that stops
+iterating) from holding the others for ever: ``OWED_LIMIT_S``, a liveness guard,
+not a scheduling rule. It knows sequences by id only: what they hold comes from the
+pool (``held``), never from their sessions.
 """
 
 from __future__ import annotations
