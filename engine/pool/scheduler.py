@@ -141,8 +141,9 @@ def shared_ubatches(
     """One shared pool: the ubatches llama.cpp splits a round of ``steps`` (in batch
     order, their tokens where ``runs`` says: ``batch_rows``; None: each step's together)
     into, ``n_ubatch`` consecutive rows each (``split_simple``), each with a segment
-    of every run of a step that captures in it; a step's rows may span two (its last
-    ``rows`` rows are kept wherever they fall). None where no step captures."""
+    of every run of a step that captures in it; a step's rows may lie in several, and
+    in two runs of one (its last ``rows`` rows are kept wherever they fall). None where
+    no step captures."""
     if all(s.capture is None for s in steps):
         return []
     if runs is None:
@@ -201,7 +202,8 @@ def batch_rows(
     order) and each step's runs. ``tails_last``: the last token of each step that wants
     that row's logits only goes after every step's other tokens (each sequence's
     positions still rise in batch order), so a shared round that llama.cpp splits
-    into ubatches of consecutive rows computes all its logits rows in the last one.
+    into ubatches of consecutive rows computes its logits rows in the last one
+    (where they fit in it: the rest in the one before).
     On a CPU Gemma's 262,144-row output layer costs far more for rows spread over
     ubatches (3, 3 and 2 of a wave of 8 prompts) than for 8 in one (history.md,
     issue 37: a decode of 8 answer tokens took 61 ms with 8 logits rows, 81 with 7)."""

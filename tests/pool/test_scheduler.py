@@ -186,6 +186,46 @@ def test_a_step_picks_its_token_from_its_own_row_where_it_lies():
     s.join()
 
 
+@pytest.mark.parametrize("layout", ["shared", "streams"])
+def test_a_round_of_several_ubatches_picks_each_token_from_its_moved_row(layout):
+    """A shared round llama.cpp splits into ubatches puts every logits row last
+    (``batch_rows``), and each step still picks from its own row; a round of one
+    ubatch, and the streams layout, keep each step's tokens together."""
+    ctx = _LogitsContext()
+    ctx.n_ubatch = 2
+    log: list[list[tuple[int, int, int, bool]]] = []
+    record = ctx.decode_batch
+
+    def decode_batch(entries, segments, n_streams=1, *, ubatches=()):
+        log.append(list(entries))
+        return record(entries, segments, n_streams, ubatches=ubatches)
+
+    ctx.decode_batch = decode_batch  # type: ignore[method-assign]
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout=layout, held=lambda: 0)
+
+    def argmax(row: np.ndarray) -> int:
+        return int(np.argmax(row))
+
+    steps = [
+        sch._Step(1, [3, 4, 5], 0, True, False, None, 0, argmax),  # a chunk: its last row
+        sch._Step(2, [9], 5, True, False, None, 1, argmax),  # an answer's token
+        sch._Step(3, [1, 2], 0, False, False, None, 2),  # a chunk wanting no logits
+    ]
+    s._decode(steps)
+    assert [st.picked for st in steps[:2]] == [6, 10]
+    tokens = [tok for _, tok, _, _ in log[0]]
+    wants = [i for i, entry in enumerate(log[0]) if entry[3]]
+    if layout == "shared":
+        assert tokens == [3, 4, 1, 2, 5, 9] and wants == [4, 5]
+    else:
+        assert tokens == [3, 4, 5, 9, 1, 2] and wants == [2, 3]
+    s._decode(steps[1:2])  # one ubatch: as it came
+    assert [tok for _, tok, _, _ in log[1]] == [9] and steps[1].picked == 10
+    s.stop()
+    s.join()
+
+
 def test_a_slots_cancel_answers_its_queued_step_without_polling(monkeypatch):
     """Issue 37: a pooled sequence's thread sleeps until its step is answered (no look
     at its cancel every 50 ms, which woke 8 threads during every decode); setting its
