@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -43,7 +44,7 @@ from engine.bench.peer_servers import KVTRIM, PEER, ServerProcess  # noqa: E402
 from engine.native.embedded import default_model_path  # noqa: E402
 
 HZ = 997  # samples a second a CPU
-_LINE = re.compile(r"\s*\S+\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
+_LINE = re.compile(r"\s*(\S+)\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
 
 
 @contextlib.contextmanager
@@ -72,8 +73,12 @@ def recording(path: Path) -> Iterator[None]:
             perf.wait()
 
 
-def split(data: Path, pid: int) -> collections.Counter[tuple[str, str]]:
-    """Samples of process ``pid`` in ``data`` by (library, function)."""
+def split(
+    data: Path, pid: int
+) -> tuple[collections.Counter[tuple[str, str]], collections.Counter[str]]:
+    """Samples of process ``pid`` in ``data`` by (library, function), and every sample
+    of the machine by whose it was: the server, this script (the clients), idle (the
+    kernel's idle task) or other."""
     out = subprocess.run(
         ["perf", "script", "-i", str(data), "-F", "comm,pid,tid,ip,sym,dso"],
         capture_output=True,
@@ -81,20 +86,27 @@ def split(data: Path, pid: int) -> collections.Counter[tuple[str, str]]:
         check=True,
     ).stdout
     got: collections.Counter[tuple[str, str]] = collections.Counter()
+    whose: collections.Counter[str] = collections.Counter()
+    me = os.getpid()
     for line in out.splitlines():
         m = _LINE.match(line)
-        if not m or int(m.group(1)) != pid:
+        if not m:
             continue
-        sym, _, dso = re.sub(r"\+0x[0-9a-f]+", "", m.group(2)).rpartition(" (")
+        owner = int(m.group(2))
+        whose["server" if owner == pid else "clients" if owner == me else
+              "idle" if owner == 0 else "other"] += 1  # fmt: skip
+        if owner != pid:
+            continue
+        sym, _, dso = re.sub(r"\+0x[0-9a-f]+", "", m.group(3)).rpartition(" (")
         lib = dso.rstrip(")").rsplit("/", 1)[-1].split(".so")[0]
         got[(lib, sym.strip() or "?")] += 1
-    return got
+    return got, whose
 
 
 def servers(args: argparse.Namespace, model: str) -> dict[str, ServerProcess]:
     """The two servers' processes (not started), by name."""
     n, binary = args.clients, args.peer_binary
-    libs = str(Path(binary).resolve().parent)
+    libs = args.kvtrim_libs or str(Path(binary).resolve().parent)
     mine = kvtrim_in(str(ROOT), model, n, args.layout, libs=libs)
     logs = Path(tempfile.mkdtemp())
     return {
@@ -114,11 +126,17 @@ def main() -> None:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--top", type=int, default=25, help="functions shown")
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
+    p.add_argument(
+        "--kvtrim-libs",
+        default="",
+        help="llama.cpp libraries kvtrim loads (default: llama-server's, beside its binary)",
+    )
     args = p.parse_args()
     model = str(default_model_path())
     texts = passages("bench", model, PER_PHASE * 2 * (args.phases + 1), args.prompt)
     procs, out = servers(args, model), Path(tempfile.mkdtemp())
     by: dict[str, collections.Counter[tuple[str, str]]] = {x: collections.Counter() for x in procs}
+    machine: dict[str, collections.Counter[str]] = {x: collections.Counter() for x in procs}
     with contextlib.ExitStack() as stack:
         urls = {x: stack.enter_context(proc) for x, proc in procs.items()}
         for phase in range(args.phases + 1):
@@ -130,15 +148,24 @@ def main() -> None:
                 with recording(out / f"{x}-{phase}.data"):
                     got = pc.load(urls[x], batch, args.clients, args.gen, args.stream, 0.0, True)
                 pid = procs[x].proc.pid  # type: ignore[union-attr]  # started
-                by[x] += split(out / f"{x}-{phase}.data", pid)
+                funcs, whose = split(out / f"{x}-{phase}.data", pid)
+                by[x] += funcs
+                machine[x] += whose
                 print(f"phase {phase} {x}: {got['requests_per_s']:.3f} req/s", flush=True)
-    report(by, args.phases, args.top)
+    report(by, machine, args.phases, args.top)
 
 
-def report(by: dict[str, collections.Counter[tuple[str, str]]], phases: int, top: int) -> None:
-    """Samples a phase of each server, and the ``top`` functions by difference."""
+def report(
+    by: dict[str, collections.Counter[tuple[str, str]]],
+    machine: dict[str, collections.Counter[str]],
+    phases: int,
+    top: int,
+) -> None:
+    """Samples a phase of each server, the machine's samples by whose they were (idle
+    samples are cores the server left unused), and the ``top`` functions by difference."""
     for x, c in by.items():
-        print(f"{x}: {sum(c.values()) / phases:.0f} samples a phase")
+        whose = ", ".join(f"{k} {v / phases:.0f}" for k, v in sorted(machine[x].items()))
+        print(f"{x}: {sum(c.values()) / phases:.0f} samples a phase; the machine's: {whose}")
     a, b = by[KVTRIM], by[PEER]
     keys = sorted(set(a) | set(b), key=lambda k: -abs(a[k] - b[k]))
     print(f"{'kvtrim - peer':>13s} {'kvtrim':>8s} {'peer':>8s}  library  function (a phase)")

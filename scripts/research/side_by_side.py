@@ -5,8 +5,9 @@ and a sign-test interval.
 
 interleaved.py does this for two servers; with more, one run compares a change
 against its parent and both against llama-server on the same minutes of the machine.
-Each ``--kvtrim NAME=TREE[:LAYOUT]`` is a source tree (a git worktree) run with the
-benchmark's command line (``kvtrim_argv``), and ``LAYOUT`` its ``--kv-layout``:
+Each ``--kvtrim NAME=TREE[:LAYOUT[:POLICY]]`` is a source tree (a git worktree) run with
+the benchmark's command line (``kvtrim_argv``), ``LAYOUT`` its ``--kv-layout`` and
+``POLICY`` its ``--policy`` (the benchmark's SnapKV where none is named):
 
     git worktree add /tmp/before HEAD~1
     .venv/bin/python scripts/research/side_by_side.py --phases 12 \\
@@ -32,6 +33,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +56,17 @@ UNIFIED = "llama-kvu"  # llama-server with one pool of cells for all its slots
 
 
 def kvtrim_in(
-    tree: str, model: str, n: int, layout: str, libs: str = ""
+    tree: str, model: str, n: int, layout: str, libs: str = "", policy: str = ""
 ) -> Callable[[int], list[str]]:
     """``kvtrim serve``'s benchmark command line, run from source tree ``tree``
-    (``libs``: a folder of llama.cpp libraries to load instead of the wheel's)."""
+    (``libs``: a folder of llama.cpp libraries to load instead of the wheel's;
+    ``policy``: another ``--policy`` than the benchmark's)."""
     env = f"LLAMA_CPP_LIB_PATH={shlex.quote(libs)} " if libs else ""
 
     def argv(port: int) -> list[str]:
         launch = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=layout)
+        if policy:
+            launch = replace(launch, policy=policy)
         line = shlex.join(kvtrim_argv(model, port, 2, launch))
         return ["bash", "-c", f"cd {shlex.quote(tree)} && {env}exec {line}"]
 
@@ -84,7 +89,7 @@ def orders(k: int) -> list[list[int]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kvtrim", action="append", required=True, help="NAME=TREE[:LAYOUT]")
+    p.add_argument("--kvtrim", action="append", required=True, help="NAME=TREE[:LAYOUT[:POLICY]]")
     p.add_argument("--phases", type=int, default=12, help="phases counted (one more warms up)")
     p.add_argument("--clients", type=int, default=8, help="clients, -np and --parallel")
     p.add_argument("--stream", action="store_true")
@@ -102,8 +107,10 @@ def main() -> None:
         argv[UNIFIED] = peer_in(args.peer_binary, model, n, unified=True)
     for spec in args.kvtrim:
         name, _, where = spec.partition("=")
-        tree, _, layout = where.partition(":")
-        argv[name] = kvtrim_in(str(Path(tree).resolve()), model, n, layout or "shared")
+        tree, _, rest = where.partition(":")
+        layout, _, policy = rest.partition(":")
+        where = str(Path(tree).resolve())
+        argv[name] = kvtrim_in(where, model, n, layout or "shared", policy=policy)
     names = list(argv)
     rates: dict[str, list[float]] = {x: [] for x in names}
     short: dict[str, list[int]] = {x: [] for x in names}  # answers under 32 tokens, by phase
