@@ -151,6 +151,14 @@ class CacheSettings:
         its one-token steps of many sequences served 17% more requests/s with it."""
         return False if self.capture and self.flash_attn is None else self.flash_attn
 
+    def tiles_queries(self, on_gpu: bool) -> bool:
+        """Whether llama.cpp computes a many-row ubatch's attention in tiles of query
+        rows x cells (ggml-cpu's tiled flash attention: on the CPU, flash attention
+        not off, K and V in f16), where a tile computes every cell tile that any of
+        its rows sees (pool/plan.py ``decodes``)."""
+        f16 = KV_TYPES["f16"]
+        return not on_gpu and self.flash_attn is not False and self.type_k == self.type_v == f16
+
     def describe(self) -> str:
         """``K q8_0, V f16, flash attention off, sliding-window layers windowed``."""
         flash = {None: "auto", True: "on", False: "off"}[self.flash_attn]

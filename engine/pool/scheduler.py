@@ -42,7 +42,7 @@ from ..native.capture import Captured, Segment, Ubatch
 from ..native.context import NativeContext, Pick
 from ..native.kvmemory import CacheSettings
 from ..native.ubatch import split_equal
-from .plan import Room, Waiting, plan
+from .plan import Room, Waiting, decodes, plan
 
 OWED_LIMIT_S = 2.0  # a sequence owed back longer than this no longer holds the batch
 RETRY_S = 0.01  # seconds between tries of a step that found no free cells
@@ -267,12 +267,21 @@ class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
     ``held``: cells every sequence holds now (a sequence whose share shrank holds
-    more than its share until its next step evicts)."""
+    more than its share until its next step evicts). ``answers_apart``: a round's
+    answer tokens and prompt chunks go to llama.cpp in two decodes (``plan.decodes``)."""
 
-    def __init__(self, shared: SharedContext, *, layout: str, held: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        shared: SharedContext,
+        *,
+        layout: str,
+        held: Callable[[], int],
+        answers_apart: bool = False,
+    ) -> None:
         self.shared = shared
         self.layout = layout
         self.held = held
+        self.answers_apart = answers_apart
         self._cond = threading.Condition()
         self._pending: list[_Step] = []
         self._order = itertools.count()
@@ -475,7 +484,9 @@ class Scheduler:
             self.owed_s += time.perf_counter() - self._owed_since
         for step in steps:
             step.requeue = False
-        self._decode(_in_batch_order(steps, self.layout))
+        by_seq = {s.seq: s for s in steps}
+        for part in decodes([s.waiting() for s in steps], self.answers_apart):
+            self._decode(_in_batch_order([by_seq[w.seq] for w in part], self.layout))
         with self._cond:
             self._owed_since = time.perf_counter() if self._owed else None
 

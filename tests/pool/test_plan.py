@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from engine.pool.plan import MAX_SKIPS, Room, Waiting, plan
+from engine.pool.plan import MAX_SKIPS, TILE_ROWS, Room, Waiting, decodes, plan
 
 
 def _seqs(p) -> list[int]:
@@ -82,3 +82,23 @@ def test_cancellation_is_the_caller_leaving_the_queue():
     waiting = [Waiting(0, 1, 0), Waiting(1, 300, 1), Waiting(2, 300, 2)]
     without = [w for w in waiting if w.seq != 1]
     assert _seqs(plan(without, Room(512, 4096))) == [0, 2]
+
+
+def _decode_seqs(batch: list[Waiting], apart: bool) -> list[list[int]]:
+    return [[w.seq for w in part] for part in decodes(batch, apart)]
+
+
+def test_answers_and_prompt_chunks_are_decoded_apart_where_attention_is_tiled():
+    """A shared pool on the CPU: a batch of answers and a prompt chunk that reaches
+    ggml-cpu's tiled flash attention is two decodes, the answers first, each part in
+    batch order; otherwise one decode as planned."""
+    answers = [Waiting(0, 1, 3), Waiting(1, 1, 4)]
+    chunk = Waiting(2, TILE_ROWS, 0)
+    batch = [*answers, chunk, Waiting(3, 5, 1)]
+    assert _decode_seqs(batch, apart=True) == [[0, 1], [2, 3]]
+    assert _decode_seqs(batch, apart=False) == [[0, 1, 2, 3]]
+    small = [*answers, Waiting(2, TILE_ROWS - 3, 0)]  # under a tile: one kernel reads each row
+    assert _decode_seqs(small, apart=True) == [[0, 1, 2]]
+    assert _decode_seqs(answers, apart=True) == [[0, 1]]  # nothing to part
+    assert _decode_seqs([chunk, Waiting(3, 5, 1)], apart=True) == [[2, 3]]
+    assert decodes([], apart=True) == []

@@ -22,6 +22,7 @@ from engine.native.model import log as llama_log
 from engine.policies import Needs, make_policy
 from engine.pool import scheduler as scheduler_module
 from engine.pool.kvpool import MIN_SHARE, QUESTION_ROOM, SLACK, KVPool
+from engine.pool.plan import decodes
 from engine.pool.scheduler import Scheduler
 from engine.session.config import default_threads
 from engine.session.core import Session, SessionConfig
@@ -59,13 +60,16 @@ def _answers_alone(engine, policy: str, docs: list[str]) -> list[str]:
     return alone
 
 
-def _count_rounds(monkeypatch) -> list[int]:
-    """The steps of each of the scheduler's rounds, as they run."""
+def _count_rounds(monkeypatch, calls: list[int] | None = None) -> list[int]:
+    """The steps of each of the scheduler's rounds, as they run, and into ``calls``
+    the ``llama_decode`` calls each round asks for (``plan.decodes``)."""
     rounds: list[int] = []
     run = Scheduler._run
 
     def counted(self, steps):
         rounds.append(len(steps))
+        if calls is not None:
+            calls.append(len(decodes([s.waiting() for s in steps], self.answers_apart)))
         return run(self, steps)
 
     monkeypatch.setattr(Scheduler, "_run", counted)
@@ -77,8 +81,11 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     """SnapKV reads attention in every step (which cells each row sees; an eviction's
     window rows too); with one stream per sequence llama.cpp splits a round that
     holds a prompt chunk into ubatches, and the capture follows them: one
-    ``llama_decode`` a round in both layouts."""
-    rounds = _count_rounds(monkeypatch)
+    ``llama_decode`` a round in both layouts, but where the shared pool's attention
+    is tiled (a CPU, flash attention) it decodes a round's answers apart from a
+    prompt chunk beside them (``plan.decodes``): two calls for such a round."""
+    calls: list[int] = []
+    rounds = _count_rounds(monkeypatch, calls)
     # the second document is longer than its share: it evicts while the others run
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = _answers_alone(engine, "snapkv", docs)
@@ -103,7 +110,11 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     snap = pool.snapshot()
     check("tokens per decode step", snap["tokens"] / snap["steps"], ">", 1.5)
     assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
-    assert snap["steps"] == len(rounds) and max(rounds) == 3  # one call a round
+    assert pool.scheduler.answers_apart == (layout == "shared")  # this machine: a CPU
+    assert snap["steps"] == sum(calls) and max(rounds) == 3  # the calls each round asked for
+    assert len(calls) == len(rounds) and set(calls) <= {1, 2}
+    if layout == "streams":
+        assert sum(calls) == len(rounds)  # one call a round
 
 
 def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, monkeypatch):

@@ -336,3 +336,30 @@ def test_a_round_waits_for_a_request_on_its_way_until_its_sequence_asks():
     assert ctx.batches == [[1, 2], [3]]
     s.stop()
     s.join()
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_answers_beside_a_tiled_prompt_chunk_are_decoded_apart(apart):
+    """Issue 37: where a shared round's attention is tiled (``answers_apart``), its
+    answer tokens go to llama.cpp in one decode and the prompt chunk in the next, and
+    each step still picks its token from its own row of its own decode."""
+    ctx = _LogitsContext()
+    ctx.rows = np.zeros((128, 16), dtype=np.float32)
+    shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+    s = sch.Scheduler(shared, layout="shared", held=lambda: 0, answers_apart=apart)
+
+    def argmax(row: np.ndarray) -> int:
+        return int(np.argmax(row))
+
+    chunk = [5] * 63 + [8]  # 64 rows with the answers: a tile of query rows
+    steps = [
+        sch._Step(1, [2], 9, True, False, None, 0, argmax),
+        sch._Step(2, chunk, 0, True, False, None, 1, argmax),
+        sch._Step(3, [12], 4, True, False, None, 2, argmax),
+    ]
+    s._run(steps)
+    assert ctx.batches == ([[1, 3], [2]] if apart else [[1, 2, 3]])
+    assert [st.picked for st in steps] == [3, 9, 13]
+    assert all(st.error is None and st.done.is_set() for st in steps)
+    s.stop()
+    s.join()
