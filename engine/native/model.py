@@ -278,6 +278,11 @@ class Model:
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether some layers run on a GPU (``n_gpu_layers`` -1: every one)."""
+        return self.n_gpu_layers != 0 and self.gpu_offload
+
+    @property
     def device_note(self) -> str | None:
         """Why GPU layers asked for are not used, or None when they are (or none asked)."""
         if self.n_gpu_layers > 0 and not self.gpu_offload:

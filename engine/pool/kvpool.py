@@ -132,7 +132,7 @@ class KVPool:
         self.reclaim: Callable[[], bool] | None = None
         """Frees a sequence that is kept idle (True) when one more does not fit: the
         server keeps finished requests' sequences for their text (serve/runner.py)."""
-        apart = layout == "shared" and cache.tiles_queries(on_gpu=model.n_gpu_layers > 0)
+        apart = layout == "shared" and cache.tiles_queries(on_gpu=model.on_gpu)
         self.scheduler = Scheduler(
             self._shared, layout=layout, held=self._held, answers_apart=apart
         )

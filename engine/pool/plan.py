@@ -93,24 +93,26 @@ def plan(waiting: Sequence[Waiting], room: Room) -> Plan:
     return Plan(tuple(batch), tuple(left), tuple(too_big))
 
 
-def decodes(batch: Sequence[Waiting], apart: bool) -> list[tuple[Waiting, ...]]:
+def decodes(batch: Sequence[Waiting], apart: bool, n_ubatch: int) -> list[tuple[Waiting, ...]]:
     """The ``llama_decode`` calls of ``batch`` (in batch order): one, or with ``apart``
     the answers' tokens first and the prompt chunks after, where the batch holds both
-    and ``TILE_ROWS`` rows or more.
+    and the ubatch of ``n_ubatch`` rows at most that holds the answers (the last one:
+    logits rows go last, ``scheduler.batch_rows``) has ``TILE_ROWS`` rows or more.
 
-    ggml-cpu computes flash attention over a ubatch of that many rows in tiles of
-    ``TILE_ROWS`` query rows x 64 cells, and computes every cell tile that any row of
-    a query tile sees: answer tokens of several sequences beside a prompt put each of
-    those sequences' whole cache in their tile (about 2x the prompt's own tiles for a
-    wave of 161-token prompts read one a round beside the others' answers), which
-    cost more than the weights read again for the answers alone: 3.2-6.3% less time
-    with Gemma 3 270M, 7.3% with SmolLM2 135M (history.md, issue 37). Alone, fewer
-    than ``TILE_ROWS`` answer rows take the kernel that reads only the cells each row
-    sees. ``apart`` is the caller's: one shared pool (a stream per sequence splits a
-    round so already), attention on the CPU and flash attention on."""
+    ggml-cpu computes flash attention over such a ubatch in tiles of ``TILE_ROWS``
+    query rows x 64 cells, and computes every cell tile that any row of a query tile
+    sees: answer tokens of several sequences beside a prompt put each of those
+    sequences' whole cache in their tile. That costs more than the weights read again
+    for the answers alone, where fewer than ``TILE_ROWS`` rows take the kernel that
+    reads only the cells each row sees: 3 sequences holding 1,500 cells, answering
+    beside a 161-token chunk, 0.80x the time (Gemma 3 270M) and 0.70x (SmolLM2 135M);
+    holding 300, 0.94x (history.md, issue 37: answers apart from prompt chunks).
+    ``apart`` is the caller's: one shared pool (a stream per sequence splits a round
+    so already), attention on the CPU and flash attention on."""
     answers = tuple(w for w in batch if w.answer)
     prompts = tuple(w for w in batch if not w.answer)
     rows = sum(w.tokens for w in batch)
-    if not apart or not answers or not prompts or rows < TILE_ROWS:
+    last = rows - (rows - 1) // max(n_ubatch, 1) * n_ubatch if rows else 0
+    if not apart or not answers or not prompts or last < TILE_ROWS:
         return [tuple(batch)] if batch else []
     return [answers, prompts]

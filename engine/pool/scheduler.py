@@ -1,4 +1,5 @@
-"""The scheduler thread: every running sequence's tokens in one ``llama_decode``.
+"""The scheduler thread: every running sequence's tokens in one ``llama_decode`` a
+round (two where a shared pool's answers go apart from its prompt chunks).
 
 Decoding a token of a small model on a CPU (or of an 8B model on a GPU) is bound
 by reading the weights, so one step for eight sequences costs far less than
@@ -20,6 +21,10 @@ llama-server's is: up to the context's ``n_batch`` tokens (``ROUND_TOKENS``,
 llama-server's default), which llama.cpp computes in ubatches of ``n_ubatch`` (a
 step's most), so a wave of prompts that arrive together is read in one decode and
 their answers stay in step (every logits row in the last ubatch: ``batch_rows``).
+Where attention runs on the CPU with flash attention, a shared round's answer
+tokens are decoded apart from the prompt chunks beside them (``plan.decodes``), as
+llama-server's stream per slot splits them: the sequences the first call answered
+then run their Python beside the second.
 One bound keeps a sequence that stalls outside kvtrim (a library caller that stops
 iterating) from holding the others for ever: ``OWED_LIMIT_S``, a liveness guard,
 not a scheduling rule. It knows sequences by id only: what they hold comes from the
@@ -256,7 +261,7 @@ def _read_out(
 
 
 def _in_batch_order(steps: list[_Step], layout: str) -> list[_Step]:
-    """A round's steps in batch order (one ``llama_decode``, as llama-server's rounds):
+    """A decode's steps in batch order (a round's, as llama-server's rounds):
     as chosen in a shared pool (``split_simple`` cuts ubatches of consecutive rows); by
     sequence id with a stream each, which llama.cpp splits into equal slices of runs of
     consecutive ids (native/ubatch.py)."""
@@ -457,7 +462,8 @@ class Scheduler:
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
         free = ctx.n_ctx - self.held() if self.layout == "shared" else None
-        # a round is one decode of up to n_batch tokens, in ubatches; one ubatch while a
+        # a round is a decode of up to n_batch tokens, in ubatches (two decodes where
+        # its answers go apart: plan.decodes); one ubatch while a
         # step wants every row's logits or attention rows (an evicting read: larger
         # rounds slowed 4 parallel 9K-token reads by 20%+, history.md, issue 37)
         one = any(s.every or (s.capture is not None and s.capture.rows) for s in pending)
@@ -485,10 +491,34 @@ class Scheduler:
         for step in steps:
             step.requeue = False
         by_seq = {s.seq: s for s in steps}
-        for part in decodes([s.waiting() for s in steps], self.answers_apart):
-            self._decode(_in_batch_order([by_seq[w.seq] for w in part], self.layout))
+        n_ubatch = self.shared.ctx.n_ubatch
+        parts = [
+            [by_seq[w.seq] for w in part]
+            for part in decodes([s.waiting() for s in steps], self.answers_apart, n_ubatch)
+        ]
+        for k, part in enumerate(parts):
+            self._decode(_in_batch_order(part, self.layout))
+            if any(s.requeue for s in part):  # no room: the rest waits behind it, undecoded
+                self._put_back(part, [s for rest in parts[k + 1 :] for s in rest])
+                break
         with self._cond:
             self._owed_since = time.perf_counter() if self._owed else None
+
+    def _put_back(self, before: list[_Step], steps: list[_Step]) -> None:
+        """Queue ``steps`` of a round again, undecoded, after the steps of ``before``
+        that ``_no_room`` put back; one whose caller cancelled is answered instead."""
+        with self._cond:
+            ahead = [i for i, s in enumerate(self._pending) if s.requeue and s in before]
+            at = ahead[-1] + 1 if ahead else 0
+            back = []
+            for step in steps:
+                if step.cancel is not None and step.cancel.is_set():
+                    step.error = Cancelled("cancelled")
+                    step.done.set()
+                else:
+                    step.requeue, step.taken = True, False
+                    back.append(step)
+            self._pending[at:at] = back
 
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
@@ -506,9 +536,10 @@ class Scheduler:
                 if (c := step.capture) is not None:
                     segments.append(Segment(a, a + n, c.rows, c.visibility, keys=c.keys))
         n_captured = sum(s.capture is not None for s in steps)
-        t0 = time.perf_counter()
+        t0: float | None = None  # from the locks on: a session's locked work is not decoding
         try:
             with self.shared.cpu, self.shared.lock:
+                t0 = time.perf_counter()
                 ctx = self.shared.ctx
                 got = iter(ctx.decode_batch(entries, segments, ubatches=ubatches))
                 for step, where in zip(steps, runs, strict=True):
@@ -519,7 +550,7 @@ class Scheduler:
             for step in steps:
                 step.error = exc
         finally:
-            self._account(steps, len(entries), time.perf_counter() - t0)
+            self._account(steps, len(entries), 0.0 if t0 is None else time.perf_counter() - t0)
 
     def _no_room(self, steps: list[_Step], exc: CacheFullError) -> None:
         """llama.cpp found no free cells and left the cache as it was: a batch tries

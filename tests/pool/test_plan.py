@@ -5,7 +5,10 @@ cells, prompt chunks beside answers, a full cache, and the loop around it."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
+from engine.native.kvmemory import CacheSettings
+from engine.native.model import Model
 from engine.pool.plan import MAX_SKIPS, TILE_ROWS, Room, Waiting, decodes, plan
 
 
@@ -84,21 +87,54 @@ def test_cancellation_is_the_caller_leaving_the_queue():
     assert _seqs(plan(without, Room(512, 4096))) == [0, 2]
 
 
-def _decode_seqs(batch: list[Waiting], apart: bool) -> list[list[int]]:
-    return [[w.seq for w in part] for part in decodes(batch, apart)]
+def _decode_seqs(batch: list[Waiting], apart: bool, n_ubatch: int = 512) -> list[list[int]]:
+    """Each decode's sequences, in batch order."""
+    return [[w.seq for w in part] for part in decodes(batch, apart, n_ubatch)]
 
 
 def test_answers_and_prompt_chunks_are_decoded_apart_where_attention_is_tiled():
-    """A shared pool on the CPU: a batch of answers and a prompt chunk that reaches
-    ggml-cpu's tiled flash attention is two decodes, the answers first, each part in
-    batch order; otherwise one decode as planned."""
+    """A shared pool on the CPU: a batch of answers and a prompt chunk whose ubatch
+    reaches ggml-cpu's tiled flash attention (``TILE_ROWS`` rows) is two decodes, the
+    answers first, each part in batch order; otherwise one decode as planned."""
     answers = [Waiting(0, 1, 3), Waiting(1, 1, 4)]
-    chunk = Waiting(2, TILE_ROWS, 0)
+    chunk = Waiting(2, TILE_ROWS - 2, 0)  # with the answers: exactly a tile of rows
     batch = [*answers, chunk, Waiting(3, 5, 1)]
     assert _decode_seqs(batch, apart=True) == [[0, 1], [2, 3]]
     assert _decode_seqs(batch, apart=False) == [[0, 1, 2, 3]]
     small = [*answers, Waiting(2, TILE_ROWS - 3, 0)]  # under a tile: one kernel reads each row
     assert _decode_seqs(small, apart=True) == [[0, 1, 2]]
+    assert _decode_seqs(batch, apart=True, n_ubatch=TILE_ROWS - 1) == [[0, 1, 2, 3]]
+    # the answers lie in the last ubatch (logits rows go last): 2 rows there, not a tile
+    assert _decode_seqs([*answers, Waiting(2, 512, 0)], apart=True) == [[0, 1, 2]]
+    assert _decode_seqs([*answers, Waiting(2, 600, 0)], apart=True) == [[0, 1], [2]]
     assert _decode_seqs(answers, apart=True) == [[0, 1]]  # nothing to part
     assert _decode_seqs([chunk, Waiting(3, 5, 1)], apart=True) == [[2, 3]]
-    assert decodes([], apart=True) == []
+    assert decodes([], apart=True, n_ubatch=512) == []
+
+
+def test_a_chunk_that_goes_first_after_its_skips_is_still_decoded_in_its_round():
+    """A prompt chunk left out ``MAX_SKIPS`` times goes first in the batch (``plan``);
+    decoded apart, it follows the answers in that round's second call."""
+    waiting = [Waiting(0, 1, 5), Waiting(1, 100, 0, skipped=MAX_SKIPS), Waiting(2, 1, 6)]
+    p = plan(waiting, Room(n_batch=512, free=4096))
+    assert _seqs(p) == [1, 0, 2]
+    assert _decode_seqs(list(p.batch), apart=True) == [[0, 2], [1]]
+
+
+def test_tiled_attention_is_where_ggml_cpu_runs_flash_attention_over_f16():
+    """``CacheSettings.tiles_queries``: the CPU, flash attention on or llama.cpp's
+    choice, K and V f16; not on a GPU, with flash attention off, or over a quantized
+    cache (ggml-cpu's tiled kernel reads f16 or f32 only)."""
+    decide = CacheSettings.decide
+    assert decide(reads_attention=True).tiles_queries(on_gpu=False)
+    assert not decide(reads_attention=True).tiles_queries(on_gpu=True)
+    assert not decide(reads_attention=False, flash_attn="off").tiles_queries(on_gpu=False)
+    assert not decide(reads_attention=False, kv_type="q8_0").tiles_queries(on_gpu=False)
+    # where the pool asks it: every layer (-1) is on a GPU; a build without GPU support is not
+    for layers, offload, on in (
+        (-1, True, True),
+        (3, True, True),
+        (0, True, False),
+        (5, False, False),
+    ):
+        assert Model.on_gpu.fget(SimpleNamespace(n_gpu_layers=layers, gpu_offload=offload)) is on

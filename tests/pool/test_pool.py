@@ -18,6 +18,7 @@ from helpers.margins import check
 from helpers.together import run_together
 
 from engine.errors import Cancelled, ConfigError, ContextOverflowError, EngineError
+from engine.native.context import NativeContext
 from engine.native.model import log as llama_log
 from engine.policies import Needs, make_policy
 from engine.pool import scheduler as scheduler_module
@@ -69,7 +70,8 @@ def _count_rounds(monkeypatch, calls: list[int] | None = None) -> list[int]:
     def counted(self, steps):
         rounds.append(len(steps))
         if calls is not None:
-            calls.append(len(decodes([s.waiting() for s in steps], self.answers_apart)))
+            waiting = [s.waiting() for s in steps]
+            calls.append(len(decodes(waiting, self.answers_apart, self.shared.ctx.n_ubatch)))
         return run(self, steps)
 
     monkeypatch.setattr(Scheduler, "_run", counted)
@@ -86,6 +88,14 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     prompt chunk beside them (``plan.decodes``): two calls for such a round."""
     calls: list[int] = []
     rounds = _count_rounds(monkeypatch, calls)
+    made: list[int] = []  # the pool's llama_decode calls, counted at its context
+    decode_batch = NativeContext.decode_batch
+
+    def counted(self, *args, **kwargs):
+        made.append(id(self))
+        return decode_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(NativeContext, "decode_batch", counted)
     # the second document is longer than its share: it evicts while the others run
     docs = [_doc(60, KEYS[0], 1), _doc(260, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = _answers_alone(engine, "snapkv", docs)
@@ -110,8 +120,9 @@ def test_needles_found_together_are_the_ones_found_alone(engine, monkeypatch, la
     snap = pool.snapshot()
     check("tokens per decode step", snap["tokens"] / snap["steps"], ">", 1.5)
     assert snap["active"] == 0 and snap["reserved_cells"] == 0 and snap["peak_seqs"] >= 2
-    assert pool.scheduler.answers_apart == (layout == "shared")  # this machine: a CPU
-    assert snap["steps"] == sum(calls) and max(rounds) == 3  # the calls each round asked for
+    assert pool.scheduler.answers_apart == (layout == "shared")  # no GPU layers here
+    made_by_pool = made.count(id(pool.ctx))
+    assert snap["steps"] == sum(calls) == made_by_pool and max(rounds) == 3  # as rounds asked
     assert len(calls) == len(rounds) and set(calls) <= {1, 2}
     if layout == "streams":
         assert sum(calls) == len(rounds)  # one call a round
@@ -123,14 +134,14 @@ def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, 
     sequences whose jobs fit go together, the capture of the cells each row sees
     follows each step across the ubatch boundaries, and each sequence finds its
     needle as it does alone."""
-    tokens: list[int] = []
-    run = Scheduler._run
+    tokens: list[int] = []  # of each llama_decode
+    decode = Scheduler._decode
 
     def counted(self, steps):
         tokens.append(sum(len(s.tokens) for s in steps))
-        return run(self, steps)
+        return decode(self, steps)
 
-    monkeypatch.setattr(Scheduler, "_run", counted)
+    monkeypatch.setattr(Scheduler, "_decode", counted)
     docs = [_doc(40, KEYS[0], 1), _doc(30, KEYS[1], 3), _doc(30, KEYS[2], 5)]
     alone = _answers_alone(engine, "snapkv", docs)
     together: list[str] = [""] * 3
@@ -142,7 +153,7 @@ def test_a_shared_round_of_several_ubatches_finds_what_each_finds_alone(engine, 
             together[i] = s.collect(s.ask(docs[i], Q, answer_prefix=PREFIX, max_tokens=10)).text
 
     run_together(job, range(3), pool)
-    assert max(tokens) > 64, tokens  # some round held several ubatches
+    assert max(tokens) > 64, tokens  # some decode held several ubatches
     for key, one, many in zip(KEYS, alone, together, strict=True):
         assert str(key) in one and str(key) in many, (key, one, many)
 

@@ -361,5 +361,39 @@ def test_answers_beside_a_tiled_prompt_chunk_are_decoded_apart(apart):
     assert ctx.batches == ([[1, 3], [2]] if apart else [[1, 2, 3]])
     assert [st.picked for st in steps] == [3, 9, 13]
     assert all(st.error is None and st.done.is_set() for st in steps)
+    assert (s.steps, s.tokens) == (2 if apart else 1, 66)  # llama_decode calls, tokens
     s.stop()
     s.join()
+
+
+def test_a_round_whose_answers_find_no_room_puts_its_prompt_chunk_back_undecoded():
+    """Decoded apart, a round whose answers find no free cells does not decode its
+    prompt chunk into the cells they wait for: the chunk goes back in the queue
+    behind them, and a chunk whose caller cancelled meanwhile is answered."""
+
+    class _Full(_LogitsContext):
+        def decode_batch(self, entries, segments, n_streams=1, *, ubatches=()):
+            if len(entries) < 64:  # the answers' decode: no room
+                raise CacheFullError("no free cells")
+            return super().decode_batch(entries, segments, n_streams, ubatches=ubatches)
+
+    for cancelled in (False, True):
+        ctx = _Full()
+        shared = sch.SharedContext(ctx, cache=None)  # type: ignore[arg-type]
+        s = sch.Scheduler(shared, layout="shared", held=lambda: 0, answers_apart=True)
+        s.stop()  # no thread takes the queue: what _run leaves there stays
+        s.join()
+        cancel = sch.CancelEvent(s)
+        steps = [
+            sch._Step(1, [2], 9, True, False, None, 0),
+            sch._Step(3, [12], 4, True, False, None, 1),
+            sch._Step(2, [5] * 64, 0, True, False, None, 2, cancel=cancel),
+        ]
+        if cancelled:
+            cancel.set()
+        s._run(steps)
+        assert ctx.batches == []  # the chunk was not decoded
+        queued = [st.seq for st in s._pending]
+        assert queued == ([1, 3] if cancelled else [1, 3, 2])
+        assert isinstance(steps[2].error, sch.Cancelled) == cancelled
+        assert steps[2].done.is_set() == cancelled and not steps[0].done.is_set()
