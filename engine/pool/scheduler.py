@@ -268,12 +268,35 @@ def _in_batch_order(steps: list[_Step], layout: str) -> list[_Step]:
     return steps if layout == "shared" else sorted(steps, key=lambda s: s.seq)
 
 
+def _parts(steps: list[_Step], apart: bool, n_ubatch: int) -> list[list[_Step]]:
+    """A round's ``llama_decode`` calls (``plan.decodes``), as its steps."""
+    by_seq = {s.seq: s for s in steps}
+    parts = decodes([s.waiting() for s in steps], apart, n_ubatch)
+    return [[by_seq[w.seq] for w in part] for part in parts]
+
+
+def _put_back(pending: list[_Step], before: list[_Step], steps: list[_Step]) -> None:
+    """Queue ``steps`` of a round again in ``pending``, undecoded, after the steps of
+    ``before`` that ``_no_room`` put back; one whose caller cancelled is answered
+    instead (call with the scheduler's lock held)."""
+    ahead = [i for i, s in enumerate(pending) if s.requeue and s in before]
+    at = ahead[-1] + 1 if ahead else 0
+    back = []
+    for step in steps:
+        if step.cancel is not None and step.cancel.is_set():
+            step.error = Cancelled("cancelled")
+            step.done.set()
+        else:
+            step.requeue, step.taken = True, False
+            back.append(step)
+    pending[at:at] = back
+
+
 class Scheduler:
     """The step queue and the thread that decodes it in batches.
 
     ``held``: cells every sequence holds now (a sequence whose share shrank holds
-    more than its share until its next step evicts). ``answers_apart``: a round's
-    answer tokens and prompt chunks go to llama.cpp in two decodes (``plan.decodes``)."""
+    more than its share until its next step evicts). ``answers_apart``: ``plan.decodes``."""
 
     def __init__(
         self,
@@ -462,10 +485,9 @@ class Scheduler:
         # a sequence whose share shrank evicts at its own next step; until then the
         # cells it still holds are not free (llama_decode would find no slot)
         free = ctx.n_ctx - self.held() if self.layout == "shared" else None
-        # a round is a decode of up to n_batch tokens, in ubatches (two decodes where
-        # its answers go apart: plan.decodes); one ubatch while a
-        # step wants every row's logits or attention rows (an evicting read: larger
-        # rounds slowed 4 parallel 9K-token reads by 20%+, history.md, issue 37)
+        # a round is a decode (two: plan.decodes) of up to n_batch tokens, in ubatches; one
+        # ubatch while a step wants every row's logits or attention rows (an evicting
+        # read: larger rounds slowed 4 parallel 9K-token reads by 20%+, history.md, issue 37)
         one = any(s.every or (s.capture is not None and s.capture.rows) for s in pending)
         room = Room(ctx.n_ubatch if one else ctx.n_batch, free)
         chosen = plan([s.waiting() for s in pending], room)
@@ -490,35 +512,15 @@ class Scheduler:
             self.owed_s += time.perf_counter() - self._owed_since
         for step in steps:
             step.requeue = False
-        by_seq = {s.seq: s for s in steps}
-        n_ubatch = self.shared.ctx.n_ubatch
-        parts = [
-            [by_seq[w.seq] for w in part]
-            for part in decodes([s.waiting() for s in steps], self.answers_apart, n_ubatch)
-        ]
+        parts = _parts(steps, self.answers_apart, self.shared.ctx.n_ubatch)
         for k, part in enumerate(parts):
             self._decode(_in_batch_order(part, self.layout))
             if any(s.requeue for s in part):  # no room: the rest waits behind it, undecoded
-                self._put_back(part, [s for rest in parts[k + 1 :] for s in rest])
+                with self._cond:
+                    _put_back(self._pending, part, [s for rest in parts[k + 1 :] for s in rest])
                 break
         with self._cond:
             self._owed_since = time.perf_counter() if self._owed else None
-
-    def _put_back(self, before: list[_Step], steps: list[_Step]) -> None:
-        """Queue ``steps`` of a round again, undecoded, after the steps of ``before``
-        that ``_no_room`` put back; one whose caller cancelled is answered instead."""
-        with self._cond:
-            ahead = [i for i, s in enumerate(self._pending) if s.requeue and s in before]
-            at = ahead[-1] + 1 if ahead else 0
-            back = []
-            for step in steps:
-                if step.cancel is not None and step.cancel.is_set():
-                    step.error = Cancelled("cancelled")
-                    step.done.set()
-                else:
-                    step.requeue, step.taken = True, False
-                    back.append(step)
-            self._pending[at:at] = back
 
     def _decode(self, steps: list[_Step]) -> None:
         """Decode ``steps`` in one ``llama_decode`` and answer each (or requeue)."""
