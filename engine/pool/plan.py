@@ -112,7 +112,7 @@ def decodes(batch: Sequence[Waiting], apart: bool, n_ubatch: int) -> list[tuple[
     answers = tuple(w for w in batch if w.answer)
     prompts = tuple(w for w in batch if not w.answer)
     rows = sum(w.tokens for w in batch)
-    last = rows - (rows - 1) // max(n_ubatch, 1) * n_ubatch if rows else 0
+    last = (rows - 1) % n_ubatch + 1 if rows else 0  # rows in the last ubatch
     if not apart or not answers or not prompts or last < TILE_ROWS:
         return [tuple(batch)] if batch else []
     return [answers, prompts]

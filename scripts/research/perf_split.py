@@ -44,7 +44,7 @@ from engine.bench.peer_servers import KVTRIM, PEER, ServerProcess  # noqa: E402
 from engine.native.embedded import default_model_path  # noqa: E402
 
 HZ = 997  # samples a second a CPU
-_LINE = re.compile(r"\s*(\S+)\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
+_LINE = re.compile(r"\s*\S+\s+(\d+)/\d+\s+[0-9a-f]+\s+(.*)")
 
 
 @contextlib.contextmanager
@@ -92,12 +92,12 @@ def split(
         m = _LINE.match(line)
         if not m:
             continue
-        owner = int(m.group(2))
+        owner = int(m.group(1))
         whose["server" if owner == pid else "clients" if owner == me else
               "idle" if owner == 0 else "other"] += 1  # fmt: skip
         if owner != pid:
             continue
-        sym, _, dso = re.sub(r"\+0x[0-9a-f]+", "", m.group(3)).rpartition(" (")
+        sym, _, dso = re.sub(r"\+0x[0-9a-f]+", "", m.group(2)).rpartition(" (")
         lib = dso.rstrip(")").rsplit("/", 1)[-1].split(".so")[0]
         got[(lib, sym.strip() or "?")] += 1
     return got, whose

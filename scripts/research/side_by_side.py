@@ -33,7 +33,6 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,9 +63,8 @@ def kvtrim_in(
     env = f"LLAMA_CPP_LIB_PATH={shlex.quote(libs)} " if libs else ""
 
     def argv(port: int) -> list[str]:
-        launch = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=layout)
-        if policy:
-            launch = replace(launch, policy=policy)
+        launch = Launch(KVTRIM, parallel=n, kv_cells=max(2048, n * 256), kv_layout=layout,
+                        policy=policy or Launch.policy)  # fmt: skip
         line = shlex.join(kvtrim_argv(model, port, 2, launch))
         return ["bash", "-c", f"cd {shlex.quote(tree)} && {env}exec {line}"]
 
