@@ -20,14 +20,17 @@ with llama-server, and each kvtrim with it too.
 
 The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos`` (``--eos``:
 without, as the benchmark's 160x32 load; each server's answers under 32 tokens are
-counted by phase, and a phase's servers answer the same passages), its client
-(the OpenAI SDK), 8 clients. Run it alone on the machine.
+counted by phase, and a phase's servers answer the same passages; ``--lengths A-B``:
+each request's length drawn from A..B, the same for every server, so clients fall
+out of step on the same work), its client (the OpenAI SDK), 8 clients. Run it alone
+on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import random
 import shlex
 import statistics
 import sys
@@ -78,6 +81,16 @@ def peer_in(binary: str, model: str, n: int, unified: bool = False) -> Callable[
     return lambda port: peer_argv(binary, model, port, 2, launch) + (["-kvu"] if unified else [])
 
 
+def lengths(spec: str, phase: int) -> list[int]:
+    """Each of a phase's requests' max_tokens: 32, or drawn from ``A-B`` (seeded by
+    ``phase``, so every server gets the same)."""
+    if not spec:
+        return [32] * PER_PHASE
+    low, _, high = spec.partition("-")
+    draw = random.Random(phase)
+    return [draw.randint(int(low), int(high)) for _ in range(PER_PHASE)]
+
+
 def orders(k: int) -> list[list[int]]:
     """A Latin square of ``k`` servers and its mirror: each server in each place."""
     return [[(i + j) % k for j in range(k)] for i in range(k)] + [
@@ -94,12 +107,20 @@ def main() -> None:
     p.add_argument("--peer-binary", default=str(ROOT / ".variants/llama-server/llama-server"))
     p.add_argument("--peer-kvu", action="store_true", help="also llama-server --kv-unified")
     p.add_argument(
+        "--lengths",
+        default="",
+        help="A-B: each request's max_tokens drawn from A..B (seeded by phase, the same "
+        "for every server), ignore_eos: answers out of step, the same work for all",
+    )
+    p.add_argument(
         "--eos",
         action="store_true",
         help="answers may end before 32 tokens (no ignore_eos): the benchmark's load",
     )
     args = p.parse_args()
     model, n = str(default_model_path()), args.clients
+    if args.lengths and args.eos:
+        p.error("--lengths sets every answer's length: it goes without --eos")
     argv = {PEER: peer_in(args.peer_binary, model, n)}
     if args.peer_kvu:
         argv[UNIFIED] = peer_in(args.peer_binary, model, n, unified=True)
@@ -122,18 +143,21 @@ def main() -> None:
         for phase in range(args.phases + 1):
             for k, i in enumerate(turns[phase % len(turns)]):
                 at = PER_PHASE * (phase * per_turn + (0 if args.eos else k))
-                got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, 32, args.stream,
+                most = lengths(args.lengths, phase)
+                got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, most, args.stream,
                               0.0, not args.eos)  # fmt: skip
                 if phase:  # the first turn warms every server up
                     rates[names[i]].append(got["requests_per_s"])
-                    short[names[i]].append(sum((c or 0) < 32 for c in got["completion_tokens"]))
+                    asked = zip(got["completion_tokens"], most, strict=True)
+                    short[names[i]].append(sum((c or 0) < m for c, m in asked))
     for x, rs in rates.items():
         print(f"{x:12s} req/s by phase: {' '.join(f'{r:.2f}' for r in rs)}")
-        print(f"{'':12s} answers under 32 tokens: {' '.join(map(str, short[x]))}")
+        print(f"{'':12s} answers cut short: {' '.join(map(str, short[x]))}")
     kvtrims = [x for x in names if x not in (PEER, UNIFIED)]
     pairs = [(x, PEER) for x in names[1:]] + [(x, kvtrims[0]) for x in kvtrims[1:]]
     pairs += [(x, UNIFIED) for x in kvtrims if UNIFIED in names]
     load = f"{'streaming' if args.stream else 'plain'}, {'eos' if args.eos else 'ignore_eos'}"
+    load += f", {args.lengths} tokens" if args.lengths else ""
     for a, b in pairs:
         ratios = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
         low, high, cover = sign_interval(ratios)
