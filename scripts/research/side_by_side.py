@@ -21,9 +21,9 @@ with llama-server, and each kvtrim with it too.
 The benchmark's passages (~160 tokens), 32 tokens out with ``ignore_eos`` (``--eos``:
 without, as the benchmark's 160x32 load; each server's answers under 32 tokens are
 counted by phase, and a phase's servers answer the same passages; ``--lengths A-B``:
-each request's length drawn from A..B, the same for every server, so clients fall
-out of step on the same work), its client (the OpenAI SDK), 8 clients. Run it alone
-on the machine.
+each request's length drawn from A..B, the same for every server (each its own
+passages, as without ``--eos``), so clients fall out of step on the same work), its
+client (the OpenAI SDK), 8 clients. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ from engine.bench.peer_servers import (  # noqa: E402
 )
 from engine.native.embedded import default_model_path  # noqa: E402
 
-UNIFIED = "llama-kvu"  # llama-server with one pool of cells for all its slots
+UNIFIED = "llama-kvu"
+# the most tokens --lengths may ask: llama-server's slots hold 256 cells and the
+# passages ~161 tokens, so a longer answer would run out of its slot, not kvtrim's
+MOST_TOKENS = 90  # llama-server with one pool of cells for all its slots
 
 
 def kvtrim_in(
@@ -81,14 +84,25 @@ def peer_in(binary: str, model: str, n: int, unified: bool = False) -> Callable[
     return lambda port: peer_argv(binary, model, port, 2, launch) + (["-kvu"] if unified else [])
 
 
-def lengths(spec: str, phase: int) -> list[int]:
-    """Each of a phase's requests' max_tokens: 32, or drawn from ``A-B`` (seeded by
-    ``phase``, so every server gets the same)."""
-    if not spec:
-        return [32] * PER_PHASE
+def span(spec: str) -> tuple[int, int]:
+    """``--lengths``: ``A-B`` or ``N`` as (A, B), 1 <= A <= B <= ``MOST_TOKENS``."""
     low, _, high = spec.partition("-")
+    try:
+        a, b = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not A-B or N") from None
+    if not 1 <= a <= b <= MOST_TOKENS:
+        raise argparse.ArgumentTypeError(f"lengths are 1 <= A <= B <= {MOST_TOKENS}")
+    return a, b
+
+
+def lengths(drawn: tuple[int, int] | None, phase: int) -> list[int]:
+    """Each of a phase's requests' max_tokens: 32, or drawn from ``drawn`` (seeded by
+    ``phase``, so every server gets the same)."""
+    if drawn is None:
+        return [32] * PER_PHASE
     draw = random.Random(phase)
-    return [draw.randint(int(low), int(high)) for _ in range(PER_PHASE)]
+    return [draw.randint(*drawn) for _ in range(PER_PHASE)]
 
 
 def orders(k: int) -> list[list[int]]:
@@ -108,9 +122,10 @@ def main() -> None:
     p.add_argument("--peer-kvu", action="store_true", help="also llama-server --kv-unified")
     p.add_argument(
         "--lengths",
-        default="",
-        help="A-B: each request's max_tokens drawn from A..B (seeded by phase, the same "
-        "for every server), ignore_eos: answers out of step, the same work for all",
+        type=span,
+        default=None,
+        help="A-B (or N): each request's max_tokens drawn from A..B (seeded by phase, the "
+        "same for every server), ignore_eos: answers out of step, the same work for all",
     )
     p.add_argument(
         "--eos",
@@ -132,7 +147,7 @@ def main() -> None:
         argv[name] = kvtrim_in(where, model, n, layout or "shared", policy=policy)
     names = list(argv)
     rates: dict[str, list[float]] = {x: [] for x in names}
-    short: dict[str, list[int]] = {x: [] for x in names}  # answers under 32 tokens, by phase
+    short: dict[str, list[int]] = {x: [] for x in names}  # answers cut short, by phase
     # with --eos an answer's length depends on its passage: a phase's servers share theirs
     per_turn = 1 if args.eos else len(names)
     texts = passages("bench", model, PER_PHASE * per_turn * (args.phases + 1))
@@ -157,7 +172,7 @@ def main() -> None:
     pairs = [(x, PEER) for x in names[1:]] + [(x, kvtrims[0]) for x in kvtrims[1:]]
     pairs += [(x, UNIFIED) for x in kvtrims if UNIFIED in names]
     load = f"{'streaming' if args.stream else 'plain'}, {'eos' if args.eos else 'ignore_eos'}"
-    load += f", {args.lengths} tokens" if args.lengths else ""
+    load += ", {}-{} tokens".format(*args.lengths) if args.lengths else ""
     for a, b in pairs:
         ratios = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
         low, high, cover = sign_interval(ratios)
