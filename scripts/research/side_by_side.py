@@ -54,10 +54,10 @@ from engine.bench.peer_servers import (  # noqa: E402
 )
 from engine.native.embedded import default_model_path  # noqa: E402
 
-UNIFIED = "llama-kvu"
+UNIFIED = "llama-kvu"  # llama-server with one pool of cells for all its slots
 # the most tokens --lengths may ask: llama-server's slots hold 256 cells and the
 # passages ~161 tokens, so a longer answer would run out of its slot, not kvtrim's
-MOST_TOKENS = 90  # llama-server with one pool of cells for all its slots
+MOST_TOKENS = 90
 
 
 def kvtrim_in(
