@@ -312,7 +312,7 @@ def default_parallel(engine: Engine, settings: RequestSpec, n_files: int) -> int
     import psutil
 
     model = engine.model
-    if not (model.n_gpu_layers != 0 and model.gpu_offload):
+    if not model.on_gpu:
         return 1
     layout = model.info.kv_layout()
     window = model.info.n_swa + 512

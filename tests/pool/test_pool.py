@@ -466,17 +466,19 @@ def test_summarize_parallel_writes_every_file_and_skips_a_bad_one(engine, tmp_pa
 def test_default_parallel_with_gpu_layers_follows_free_memory(engine):
     from types import SimpleNamespace
 
+    from engine.native.model import Model
     from engine.runtime.batch import default_parallel
     from engine.runtime.spec import RequestSpec
 
-    gpu = SimpleNamespace(
-        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=True, info=engine.model.info)
-    )
+    def engine_with(gpu_offload: bool) -> SimpleNamespace:
+        model = object.__new__(Model)  # the real Model.on_gpu, no file loaded
+        model.n_gpu_layers, model.gpu_offload, model.info = -1, gpu_offload, engine.model.info
+        return SimpleNamespace(model=model)
+
+    gpu = engine_with(gpu_offload=True)
     assert default_parallel(gpu, RequestSpec(), 8) == 4
     assert default_parallel(gpu, RequestSpec(), 2) == 2
-    asked_no_gpu = SimpleNamespace(
-        model=SimpleNamespace(n_gpu_layers=-1, gpu_offload=False, info=engine.model.info)
-    )
+    asked_no_gpu = engine_with(gpu_offload=False)
     assert default_parallel(asked_no_gpu, RequestSpec(), 8) == 1  # a CPU-only build
 
 
