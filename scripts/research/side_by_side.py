@@ -156,9 +156,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         urls = {x: stack.enter_context(ServerProcess(argv[x], logs / f"{x}.log")) for x in names}
         for phase in range(args.phases + 1):
+            most = lengths(args.lengths, phase)  # every server's, this phase
             for k, i in enumerate(turns[phase % len(turns)]):
                 at = PER_PHASE * (phase * per_turn + (0 if args.eos else k))
-                most = lengths(args.lengths, phase)
                 got = pc.load(urls[names[i]], texts[at : at + PER_PHASE], n, most, args.stream,
                               0.0, not args.eos)  # fmt: skip
                 if phase:  # the first turn warms every server up
